@@ -1,0 +1,1 @@
+"""tandem: speculative decoding with cross-sequence batched verify."""

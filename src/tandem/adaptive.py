@@ -1,0 +1,132 @@
+"""Adaptive speculation: how many drafts each sequence gets next (the seed's
+record_verify / spec_allowed), and a batch-level cap so that speculation never
+makes a large batch slower than plain decoding.
+
+Per sequence: gamma climbs a ladder after a fully accepted round and falls after a
+rejected one; after `off_after` rounds in a row that accept nothing, speculation
+is off for the sequence until it has emitted `retry_after` more tokens.
+
+Per batch: a measured cost table (forward ms by rows) and each sequence's
+acceptance rate alpha give the expected tokens per millisecond of a draft cap c,
+sum_i (1 - alpha_i^(c_i+1)) / (1 - alpha_i) / (T(rows(c)) + propose(c)), against
+plain decoding n / T(n). The best cap wins, 0 included.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GAMMA_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def _ladder(max_gamma: int) -> tuple[int, ...]:
+    return tuple(g for g in GAMMA_LADDER if g <= max_gamma) or (0,)
+
+
+@dataclass
+class SpecControl:
+    """One sequence's speculation state."""
+
+    gamma: int
+    alpha: float = 0.7  # EMA of the per-draft acceptance rate
+    misses: int = 0  # verify rounds in a row that accepted nothing
+    off_until: int = 0  # speculation resumes once this many tokens are out
+
+
+class AdaptiveSpec:
+    def __init__(self, max_gamma: int, *, off_after: int = 3, retry_after: int = 32, ema: float = 0.3, adaptive: bool = True):
+        self.max_gamma = max_gamma
+        self.ladder = _ladder(max_gamma)
+        self.off_after = off_after
+        self.retry_after = retry_after
+        self.ema = ema
+        self.adaptive = adaptive
+
+    def new_state(self) -> SpecControl:
+        return SpecControl(gamma=self.max_gamma)
+
+    def allowed(self, st: SpecControl, num_output: int) -> bool:
+        return self.max_gamma > 0 and num_output >= st.off_until
+
+    def record_verify(self, st: SpecControl, drafted: int, accepted: int, num_output: int) -> None:
+        if drafted == 0 or not self.adaptive:
+            return
+        st.alpha = (1 - self.ema) * st.alpha + self.ema * (accepted / drafted)
+        i = self.ladder.index(st.gamma) if st.gamma in self.ladder else len(self.ladder) - 1
+        if accepted == drafted:
+            st.misses = 0
+            st.gamma = self.ladder[min(i + 1, len(self.ladder) - 1)]
+        elif accepted == 0:
+            st.misses += 1
+            st.gamma = self.ladder[max(i - 1, 1)] if len(self.ladder) > 1 else 0
+            if st.misses >= self.off_after:
+                st.misses = 0
+                st.off_until = num_output + self.retry_after
+                st.gamma = self.max_gamma  # the retry starts fresh
+        else:
+            st.misses = 0
+
+
+def expected_tokens(alpha: float, g: int) -> float:
+    """Tokens a round of g drafts yields when each draft passes with chance alpha."""
+    if g == 0:
+        return 1.0
+    if alpha >= 1.0:
+        return g + 1.0
+    return (1.0 - alpha ** (g + 1)) / (1.0 - alpha)
+
+
+class BatchCostModel:
+    """Measured forward milliseconds by row count (power-of-two buckets, EMA)."""
+
+    def __init__(self, ema: float = 0.3):
+        self.ema = ema
+        self.forward_ms: dict[int, float] = {}
+        self.propose_ms_per_step: float | None = None
+
+    @staticmethod
+    def _bucket(rows: int) -> int:
+        return 1 << max(0, math.ceil(math.log2(max(rows, 1))))
+
+    def record_forward(self, rows: int, ms: float) -> None:
+        b = self._bucket(rows)
+        old = self.forward_ms.get(b)
+        self.forward_ms[b] = ms if old is None else (1 - self.ema) * old + self.ema * ms
+
+    def record_propose(self, steps: int, ms: float) -> None:
+        if steps <= 0:
+            return
+        per = ms / steps
+        old = self.propose_ms_per_step
+        self.propose_ms_per_step = per if old is None else (1 - self.ema) * old + self.ema * per
+
+    def estimate(self, rows: int) -> float | None:
+        if not self.forward_ms:
+            return None
+        b = self._bucket(rows)
+        if b in self.forward_ms:
+            return self.forward_ms[b]
+        below = [k for k in self.forward_ms if k < b]
+        above = [k for k in self.forward_ms if k > b]
+        if below:  # optimistic until measured: the largest smaller bucket's cost
+            return self.forward_ms[max(below)]
+        return self.forward_ms[min(above)]
+
+    def best_cap(self, gammas: list[int], alphas: list[float], ladder: tuple[int, ...]) -> int:
+        """The draft cap for this tick; max(ladder) when nothing is measured yet."""
+        n = len(gammas)
+        if n == 0 or not self.forward_ms:
+            return max(ladder)
+        best_cap, best_rate = 0, None
+        for cap in ladder:
+            gs = [min(g, cap) for g in gammas]
+            rows = sum(g + 1 for g in gs)
+            t = self.estimate(rows)
+            if t is None:
+                return max(ladder)
+            t += (self.propose_ms_per_step or 0.0) * max(gs)
+            tokens = sum(expected_tokens(a, g) for a, g in zip(alphas, gs))
+            rate = tokens / max(t, 1e-6)
+            if best_rate is None or rate > best_rate * 1.02:  # prefer the smaller cap on a near tie
+                best_cap, best_rate = cap, rate
+        return best_cap

@@ -1,0 +1,1 @@
+"""Drafters: who proposes the tokens the target verifies. Built only by drafters.factory."""

@@ -1,0 +1,45 @@
+"""The protocol of a drafter that lives on a shard rank beside the target.
+
+Drafters that need a model (a draft model; DFlash, which reads the target's hidden
+states) run on rank 0 next to the target's KV, and are driven by the shard:
+prefill and commit come from the target's own commands, propose from a
+ProposeBatch. The scheduler reaches them through drafters.rank_proxy.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from tandem.shard.commands import SamplingSpec
+
+
+class RankDrafter(Protocol):
+    name: str
+    # Target layers whose output rows the drafter wants (DFlash); () for none.
+    capture_layers: tuple[int, ...]
+    # Most sequences one batched propose takes.
+    propose_batch_max: int
+
+    def prefill(self, slot: int, tokens: list[int], hidden: dict[int, torch.Tensor] | None) -> None:
+        """A sequence's known tokens (and the target's captured rows for them, [len, H] per layer)."""
+        ...
+
+    def propose(
+        self,
+        slots: list[int],
+        histories: list[list[int]],  # each slot's committed tokens (positions 0..P-1)
+        last_tokens: list[int],  # the token at position P, not yet in the target's KV
+        num_drafts: list[int],
+        sampling: list[SamplingSpec],
+    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Drafts for a batch, and for sampled sequences the draft distribution q [g, V]."""
+        ...
+
+    def commit(self, slot: int, start_pos: int, rows: int, hidden: dict[int, torch.Tensor] | None) -> None:
+        """The verdict kept `rows` rows of the target from start_pos on (accepted + 1);
+        trim what the drafter guessed past them. hidden: the kept rows' captures, [rows, H]."""
+        ...
+
+    def release(self, slot: int) -> None:
+        ...

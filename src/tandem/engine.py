@@ -1,0 +1,312 @@
+"""Engine: tandem embedded in one process. add_request / step / generate / stream / abort.
+
+step() is one tick: recover the shard group if it was lost, admit waiting requests
+(prefill), then one verify step per batch of sequences with the same draft count.
+Requests join and leave between ticks (continuous batching).
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Iterator, Sequence as Seq
+
+from tandem.adaptive import AdaptiveSpec, BatchCostModel
+from tandem.clock import Clock, MonotonicClock
+from tandem.config import EngineConfig
+from tandem.detokenizer import Detokenizer
+from tandem.drafters.factory import build_drafter
+from tandem.errors import EngineUnavailableError, InvalidRequestError, ShapeError, ShardError
+from tandem.metrics import EngineMetrics
+from tandem.outputs import RequestOutput, Usage
+from tandem.sampling_params import SamplingParams
+from tandem.scheduler import Scheduler
+from tandem.sequence import FinishReason, Sequence, Status
+from tandem.shard.commands import PrefillItem
+from tandem.verify.step import StepContext, propose_drafts, verify_step
+
+log = logging.getLogger("tandem.engine")
+
+
+class Engine:
+    def __init__(
+        self,
+        group,
+        tokenizer,
+        eos_token_ids: Seq[int],
+        config: EngineConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        metrics: EngineMetrics | None = None,
+        model_name: str = "tandem",
+    ):
+        self.config = config or EngineConfig()
+        self.group = group
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_token_ids)
+        self.model_name = model_name
+        self.clock = clock or MonotonicClock()
+        self.metrics = metrics or EngineMetrics()
+        limits = group.limits
+        self.scheduler = Scheduler(limits.num_slots, limits.row_budget)
+        drafter = build_drafter(self.config.drafter, group, ngram_max=self.config.ngram_max, ngram_min=self.config.ngram_min)
+        max_gamma = self.config.num_speculative_tokens if drafter is not None else 0
+        self.adaptive = AdaptiveSpec(max_gamma, adaptive=self.config.adaptive)
+        self.ctx = StepContext(
+            group=group,
+            drafter=drafter,
+            adaptive=self.adaptive,
+            cost=BatchCostModel(),
+            metrics=self.metrics,
+            clock=self.clock,
+            detok=Detokenizer(tokenizer),
+            max_verify_failures=self.config.max_verify_failures,
+            draft_cap=max_gamma,
+        )
+        self.requests: dict[str, Sequence] = {}
+        self._reported: dict[str, tuple[int, str]] = {}  # request id -> (tokens, text) already handed out
+        self._lock = threading.RLock()
+        self._ids = 0
+        self.recovering = False
+
+    # ---- building -----------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: EngineConfig | None = None, *, clock: Clock | None = None, progress: bool = True, **overrides) -> "Engine":
+        """An engine on the configured model: one in-process rank, or `shards` gRPC shard processes."""
+        from dataclasses import replace
+
+        config = replace(config, **overrides) if config else EngineConfig(**overrides)
+        if config.shards == 1:
+            from tandem.shard.factory import build_model_shard
+            from tandem.shard.local_group import LocalShardGroup
+
+            shard, loaded = build_model_shard(config.shard_spec(), progress=progress)
+            group = LocalShardGroup(shard)
+        else:
+            from tandem.model.loader import load_tokenizer
+            from tandem.rpc.launcher import launch_local_group
+
+            group = launch_local_group(config.shard_spec(), config.shards)
+            loaded = load_tokenizer(config.model)
+        return cls(group, loaded.tokenizer, loaded.eos_token_ids, config, clock=clock, model_name=loaded.name)
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params", f"expected SamplingParams, got {type(params).__name__}")
+        if self.recovering:
+            raise EngineUnavailableError("the shard group is recovering; retry shortly")
+        ids = self._prompt_ids(prompt)
+        with self._lock:
+            if request_id is None:
+                self._ids += 1
+                request_id = f"req-{self._ids}"
+            elif request_id in self.requests:
+                raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+            seq = Sequence(
+                request_id=request_id,
+                prompt=prompt if isinstance(prompt, str) else None,
+                prompt_ids=ids,
+                params=params,
+                seed=params.seed if params.seed is not None else secrets.randbits(63),
+                eos_ids=self.eos_ids,
+                max_seq_len=self.group.limits.max_seq_len,
+                arrival=self.clock.now(),
+            )
+            seq.spec = self.adaptive.new_state()
+            self.requests[request_id] = seq
+            self.scheduler.add(seq)
+        return request_id
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "must not be empty")
+            ids = self.tokenizer(prompt).input_ids
+        elif isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+            vocab = self.group.limits.vocab_size
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError("prompt", f"token ids must be integers in [0, {vocab})")
+        else:
+            raise InvalidRequestError("prompt", f"must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise InvalidRequestError("prompt", "must not be empty")
+        limit = self.group.limits.max_seq_len
+        if len(ids) >= limit:
+            raise InvalidRequestError("prompt", f"{len(ids)} tokens do not fit the context of {limit} (max_seq_len) with room to generate")
+        return ids
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            seq = self.requests.get(request_id)
+            if seq is None or seq.finished:
+                return False
+            seq.finish(FinishReason.ABORT)
+            self.scheduler.remove_waiting(seq)
+            return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- the tick -----------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        with self._lock:
+            if not self.group.healthy():
+                self._recover()
+            self._admit()
+            self.ctx.draft_cap = self._draft_cap()
+            for batch in self.scheduler.verify_batches():
+                verify_step(batch, self.ctx)
+                if not self.group.healthy():
+                    break  # the rest wait for the recovery next tick
+            return self._collect()
+
+    def _admit(self) -> None:
+        new = self.scheduler.admit()
+        if new:
+            self._prefill(new, first=True)
+
+    def _prefill(self, seqs: list[Sequence], first: bool) -> None:
+        """Prefill a batch; on failure retry one by one so a failure finishes only its own."""
+        try:
+            res = self.group.prefill([self._prefill_item(s, first) for s in seqs])
+        except (ShardError, ShapeError) as e:
+            if isinstance(e, ShardError) and e.unhealthy:
+                self._requeue(seqs)
+                return
+            if len(seqs) == 1:
+                seqs[0].finish(FinishReason.ERROR, error=f"prefill failed: {e}")
+                return
+            for s in seqs:
+                self._prefill([s], first)
+            return
+        now = self.clock.now()
+        for s, tok in zip(seqs, res.next_tokens):
+            if first:
+                self.metrics.prompt_tokens.inc(len(s.prompt_ids))
+                s.first_token_time = now
+                s.emit(tok, self.ctx.detok)
+                self.metrics.generated_tokens.inc()
+            s.drafts = []
+        propose_drafts([s for s in seqs if not s.finished], self.ctx)
+
+    @staticmethod
+    def _prefill_item(s: Sequence, first: bool) -> PrefillItem:
+        # A re-prefill writes all but the last token, which is row 0 of the next verify.
+        return PrefillItem(slot=s.slot, tokens=s.prompt_ids if first else s.all_ids[:-1], sampling=s.sampling)
+
+    def _requeue(self, seqs: list[Sequence]) -> None:
+        """Admitted sequences whose prefill met a lost rank wait for the recovery instead."""
+        for s in seqs:
+            self.scheduler.running.remove(s)
+            self.scheduler.free_slots.append(s.slot)
+            s.slot, s.status = None, Status.WAITING
+        self.scheduler.waiting.extendleft(reversed(seqs))
+
+    def _recover(self) -> None:
+        """Restart a lost shard group and re-prefill every running sequence from its tokens."""
+        self.recovering = True
+        try:
+            self.group.restart()
+        except Exception as e:  # noqa: BLE001 - stay recovering; the next tick tries again
+            log.error("shard group restart failed: %s", e)
+            return
+        running = [s for s in self.scheduler.running if not s.finished]
+        log.warning("shard group restarted; re-prefilling %d running sequences", len(running))
+        self.recovering = False
+        if running:
+            self._prefill(running, first=False)
+
+    def _draft_cap(self) -> int:
+        if not self.config.adaptive:
+            return self.adaptive.max_gamma
+        live = [s for s in self.scheduler.running if not s.finished and self.adaptive.allowed(s.spec, len(s.output_ids))]
+        return self.ctx.cost.best_cap([s.spec.gamma for s in live], [s.spec.alpha for s in live], self.adaptive.ladder)
+
+    # ---- outputs ------------------------------------------------------------------------
+
+    def _collect(self) -> list[RequestOutput]:
+        outs = []
+        for rid, seq in list(self.requests.items()):
+            prev_tokens, _ = self._reported.get(rid, (0, ""))
+            if len(seq.output_ids) != prev_tokens or seq.finished:
+                outs.append(self._output(seq))
+            if seq.finished:
+                self.metrics.requests_finished.labels(finished_reason=seq.finish_reason.value).inc()
+                del self.requests[rid]
+                self._reported.pop(rid, None)
+        done = self.scheduler.reap()
+        slots = [s.slot for s in done if s.slot is not None]
+        if slots and self.group.healthy():
+            try:
+                self.group.release(slots)
+            except (ShardError, ShapeError) as e:
+                log.error("release of slots %s failed: %s", slots, e)
+        return outs
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        prev_tokens, prev_text = self._reported.get(seq.request_id, (0, ""))
+        text = seq.output_text(self.ctx.detok, stable=True)
+        self._reported[seq.request_id] = (len(seq.output_ids), text)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_ids,
+            text=text,
+            token_ids=list(seq.output_ids),
+            delta_text=text[len(prev_text) :] if text.startswith(prev_text) else text[len(prev_text) :],
+            delta_token_ids=seq.output_ids[prev_tokens:],
+            finished=seq.finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            error=seq.error,
+            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids)),
+            num_drafts=seq.stats.num_drafts,
+            num_draft_tokens=seq.stats.num_draft_tokens,
+            num_accepted_tokens=seq.stats.num_accepted_tokens,
+        )
+
+    # ---- conveniences -------------------------------------------------------------------
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run the given prompts to completion (with whatever else is running) and return
+        their final outputs in order."""
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        prompts = [prompts] if single else list(prompts)
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise InvalidRequestError("params", f"{len(plist)} params for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield this request's outputs (with deltas) as they are produced, driving the
+        engine from this thread."""
+        rid = self.add_request(prompt, params)
+        try:
+            while True:
+                for out in self.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.abort(rid)
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        """Messages rendered with the tokenizer's chat template, ready to generate from."""
+        if not self.tokenizer.chat_template:
+            raise InvalidRequestError("messages", "this model has no chat template")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def close(self) -> None:
+        self.group.close()

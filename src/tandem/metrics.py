@@ -1,0 +1,55 @@
+"""Telemetry: Prometheus counters under vLLM's speculative-decoding names, plus timings.
+
+Each Engine owns a registry (tests build many engines in one process); a server
+exposes it with prometheus_client.generate_latest(engine.metrics.registry).
+"""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+log = logging.getLogger("tandem.verify")
+
+_MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None, max_positions: int = 16):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.num_drafts = Counter("tandem:spec_decode_num_drafts", "Verify rounds that carried drafts.", registry=r)
+        self.num_draft_tokens = Counter("tandem:spec_decode_num_draft_tokens", "Draft tokens proposed and verified.", registry=r)
+        self.num_accepted_tokens = Counter("tandem:spec_decode_num_accepted_tokens", "Draft tokens accepted.", registry=r)
+        self.accepted_per_pos = Counter(
+            "tandem:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by draft position.",
+            ["position"],
+            registry=r,
+        )
+        self.verify_ms = Histogram("tandem:verify_ms", "Milliseconds of one batched verify forward.", buckets=_MS_BUCKETS, registry=r)
+        self.propose_ms = Histogram("tandem:propose_ms", "Milliseconds of one batched propose.", buckets=_MS_BUCKETS, registry=r)
+        self.generated_tokens = Counter("tandem:generation_tokens", "Tokens emitted to clients.", registry=r)
+        self.prompt_tokens = Counter("tandem:prompt_tokens", "Prompt tokens prefilled.", registry=r)
+        self.requests_finished = Counter("tandem:request_success", "Requests finished, by reason.", ["finished_reason"], registry=r)
+        self.verify_failures = Counter("tandem:verify_failures", "Verify forwards that failed.", registry=r)
+        self.max_positions = max_positions
+
+    def record_verify(self, drafted: list[int], accepted: list[int]) -> None:
+        """drafted[i], accepted[i]: one sequence's draft count and accepted count this round."""
+        for g, a in zip(drafted, accepted):
+            if g == 0:
+                continue
+            self.num_drafts.inc()
+            self.num_draft_tokens.inc(g)
+            self.num_accepted_tokens.inc(a)
+            for pos in range(min(a, self.max_positions)):
+                self.accepted_per_pos.labels(position=str(pos)).inc()
+
+    def log_tick(self, n: int, g: int, accepted: int, drafted: int, verify_ms: float, propose_ms: float) -> None:
+        # The seed's per-batch line: n, gamma, accepted/drafted, verify and propose ms.
+        pct = 100.0 * accepted / drafted if drafted else 0.0
+        log.info(
+            "BATCHED verify: n=%d g=%d accepted=%d/%d (%.0f%%) verify=%.1fms propose=%.1fms",
+            n, g, accepted, drafted, pct, verify_ms, propose_ms,
+        )

@@ -1,0 +1,237 @@
+"""Our own Llama-family forward (Llama, Qwen2, Mistral) over a slotted KV cache.
+
+Module and parameter names follow Hugging Face's (`model.layers.0.self_attn.q_proj.weight`,
+...), so a HF safetensors state dict loads straight in. The model knows nothing about
+tensor parallelism: `tensor_parallel.shard_model` narrows its linear layers from outside,
+and the attention infers its local head counts from the weights' shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.model.config import ModelConfig
+from tandem.model.kv_cache import KVCache
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [n, k, vocab], float32
+    # hidden[i]: output of decoder layer i, [n, k, hidden] in the model's dtype
+    # (HF's `hidden_states[i + 1]`; the last layer's output is before the final norm).
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, scale in the input dtype: what HF does, so bf16 matches it too.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], float32, for the config's rope type (as HF computes them)."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling or {}
+    if config.rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if config.rope_type == "llama3":
+        factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d, hq, hkv = config.head_dim, config.num_heads, config.num_kv_heads
+        self.head_dim = d
+        self.q_proj = nn.Linear(config.hidden_size, hq * d, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
+        self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                pos: torch.Tensor) -> torch.Tensor:
+        # x: [n, k, hidden]; cos, sin: [n, k, 1, d]; mask: [n, 1, g*k, L] (True = attend)
+        # k_cache, v_cache: [slots, hkv, max_seq_len, d]; slots: [n]; pos: [n, k]
+        n, k, _ = x.shape
+        d = self.head_dim
+        # Head counts come from the weights, so a tensor-parallel shard needs no other change.
+        q = self.q_proj(x).view(n, k, -1, d)  # [n, k, hq, d]
+        key = self.k_proj(x).view(n, k, -1, d)  # [n, k, hkv, d]
+        value = self.v_proj(x).view(n, k, -1, d)  # [n, k, hkv, d]
+        hq, hkv = q.shape[2], key.shape[2]
+        g = hq // hkv
+        q = q * cos + rotate_half(q) * sin
+        key = key * cos + rotate_half(key) * sin
+
+        # Write this step's rows first, so each row also sees itself and the rows before it.
+        k_cache[slots[:, None], :, pos] = key
+        v_cache[slots[:, None], :, pos] = value
+        attn_len = mask.shape[-1]
+        keys = k_cache[slots, :, :attn_len]  # [n, hkv, L, d]
+        values = v_cache[slots, :, :attn_len]  # [n, hkv, L, d]
+
+        # GQA without repeating K/V: the g query heads sharing a kv head are folded into the
+        # row dim (HF's head h uses kv head h // g).
+        q = q.view(n, k, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, g * k, d)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [n, hkv, g*k, d]
+        out = out.view(n, hkv, g, k, d).permute(0, 3, 1, 2, 4).reshape(n, k, hq * d)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots, pos) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, slots, pos)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """HF's `model.` prefix: embeddings, decoder layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self._build_rope_tables()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _build_rope_tables(self, device: torch.device | str | None = None) -> None:
+        # Half-width tables [max_pos, head_dim / 2], float32: cos/sin of position * inv_freq.
+        device = device or self.lm_head.weight.device
+        inv_freq = rope_inv_freq(self.config)
+        positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        self.register_buffer("rope_cos", freqs.cos().to(device), persistent=False)
+        self.register_buffer("rope_sin", freqs.sin().to(device), persistent=False)
+
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, state_dict: dict[str, torch.Tensor],
+                        dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> "LlamaForCausalLM":
+        """Build the model around HF-named tensors without first allocating random weights."""
+        with torch.device("meta"):
+            model = cls(config)
+        state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state_dict.items()
+                 if not name.endswith("rotary_emb.inv_freq")}
+        if config.tie_word_embeddings:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        model.load_state_dict(state, strict=True, assign=True)
+        model.tie_weights()
+        model._build_rope_tables(device)
+        return model.eval().requires_grad_(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)  # [n, k] -> [n, k, hidden]
+
+    def final_norm_and_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model.norm(hidden)).float()  # [n, k, hidden] -> [n, k, vocab] float32
+
+    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        """A cache in this model's dtype and device, with as many kv heads as its (possibly sharded) layers."""
+        num_kv_heads = self.model.layers[0].self_attn.k_proj.out_features // self.config.head_dim
+        return KVCache.for_model(self.config, num_slots, max_seq_len, self.dtype, self.device, num_kv_heads)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,
+                capture_layers: tuple[int, ...] = (), attn_len: int | None = None) -> ModelOutput:
+        """Run k new rows for each of n sequences through the model and the cache.
+
+        tokens: [n, k]; slots: [n] (distinct cache slots); start_pos: [n].
+        Row r of sequence i sits at position start_pos[i] + r; its K/V are written at that
+        position of slot slots[i], and it attends to positions 0..start_pos[i] + r of that
+        slot. attn_len is how many cache positions the attention reads (a bucket >= every
+        start_pos + k); the caller passes it from host-side lengths so the forward never
+        syncs with the device and its shapes depend only on (n, k, attn_len). Left out,
+        it is max(start_pos) + k, read from start_pos (a device sync on a GPU).
+        Positions must stay below cache.max_seq_len: checked by the caller, not here.
+        """
+        n, k = tokens.shape
+        if attn_len is None:
+            attn_len = int(start_pos.max()) + k
+        if not k <= attn_len <= cache.max_seq_len:
+            raise ValueError(f"attn_len {attn_len} is outside {k}..{cache.max_seq_len} (k={k}, cache max_seq_len)")
+        bad = [i for i in capture_layers if not 0 <= i < self.config.num_layers]
+        if bad:
+            raise ValueError(f"capture_layers {bad} outside 0..{self.config.num_layers - 1}")
+        device = tokens.device
+        pos = start_pos[:, None] + torch.arange(k, device=device)  # [n, k]
+        allowed = torch.arange(attn_len, device=device) <= pos[:, :, None]  # [n, k, L]
+        # The same mask for every query head of a kv group, in the folded row order of Attention.
+        g = self.config.queries_per_kv
+        mask = allowed[:, None, None].expand(n, 1, g, k, attn_len).reshape(n, 1, g * k, attn_len)
+
+        x = self.embed(tokens)  # [n, k, hidden]
+        cos = torch.cat([self.rope_cos[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
+        sin = torch.cat([self.rope_sin[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
+        hidden = {}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, cache.k[i], cache.v[i], slots, pos)
+            if i in capture_layers:
+                hidden[i] = x
+        return ModelOutput(logits=self.final_norm_and_head(x), hidden=hidden)

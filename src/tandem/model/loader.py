@@ -1,0 +1,211 @@
+"""load_model: a spec (known name, .gguf file, local folder, hub name) -> our model + tokenizer.
+
+GGUF files are dequantized once by transformers (slow: ~18 s for SmolLM2, mostly parsing
+metadata) and cached as a plain safetensors folder; every later load reads that folder
+straight into our LlamaForCausalLM, with no HF model built.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from tandem.model import registry
+from tandem.model.config import ModelConfig
+from tandem.model.llama import LlamaForCausalLM
+
+# Tokens that end a turn or a document in the chat models we serve. `<|im_start|>` is
+# never one, whatever a converted tokenizer claims.
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+NOT_STOP_TOKENS = ("<|im_start|>",)
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    hf_config: Any  # the transformers config it was read from
+    tokenizer: Any  # a transformers tokenizer, or None for a folder without tokenizer files
+    eos_token_ids: tuple[int, ...]
+    name: str
+    chat_template: str | None
+    path: str  # the folder the weights were read from (the cache folder for a GGUF)
+
+
+def cache_root() -> str:
+    return os.environ.get("TANDEM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tandem", "models")
+
+
+def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               progress: bool = True) -> LoadedModel:
+    """Load `spec`: None or a known name (registry.KNOWN_MODELS, default SmolLM2-135M-Instruct),
+    a path to a .gguf file, a folder with config.json + *.safetensors, or a hub name."""
+    spec = spec or registry.DEFAULT_MODEL
+    with tqdm(total=2, desc=f"loading {spec}", unit="step", disable=not progress) as bar:
+        known = registry.lookup(spec)
+        if known is not None:
+            name, folder = known.name, _known_model_folder(known, bar)
+        elif spec.endswith(".gguf"):
+            if not os.path.isfile(spec):
+                raise FileNotFoundError(f"model spec {spec!r}: no such .gguf file")
+            name = os.path.basename(spec)[: -len(".gguf")]
+            folder = _cached_dequantized(spec, name, _sha256_file(spec), bar)
+        elif os.path.isdir(spec):
+            name, folder = os.path.basename(os.path.normpath(spec)), spec
+        elif os.path.exists(spec) or spec.startswith((".", "/", "~")):
+            raise FileNotFoundError(f"model spec {spec!r} is neither a .gguf file nor a model folder")
+        else:
+            name, folder = spec, _hub_snapshot(spec)
+        bar.update()
+        bar.set_postfix_str("reading weights")
+        loaded = _load_folder(folder, name, dtype, device)
+        bar.update()
+    return loaded
+
+
+def _load_folder(folder: str, name: str, dtype: torch.dtype, device) -> LoadedModel:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not os.path.isfile(os.path.join(folder, "config.json")) or not files:
+        raise FileNotFoundError(f"model folder {folder!r} needs config.json and *.safetensors")
+    hf_config = AutoConfig.from_pretrained(folder)
+    config = ModelConfig.from_hf(hf_config)
+    state = {}
+    for file in files:
+        state.update(load_file(file))
+    model = LlamaForCausalLM.from_state_dict(config, state, dtype=dtype, device=device)
+    tokenizer = _load_tokenizer(folder)
+    return LoadedModel(
+        model=model, config=config, hf_config=hf_config, tokenizer=tokenizer,
+        eos_token_ids=_eos_token_ids(folder, hf_config, tokenizer), name=name,
+        chat_template=getattr(tokenizer, "chat_template", None), path=folder,
+    )
+
+
+def _load_tokenizer(folder: str):
+    # A unit-test folder may carry no tokenizer at all.
+    if not any(os.path.isfile(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _eos_token_ids(folder: str, hf_config, tokenizer) -> tuple[int, ...]:
+    """Union of the config's, generation config's and tokenizer's eos, plus the chat stop tokens."""
+    ids: set[int] = set()
+
+    def add(value):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+
+    add(getattr(hf_config, "eos_token_id", None))
+    generation_config = os.path.join(folder, "generation_config.json")
+    if os.path.isfile(generation_config):
+        with open(generation_config) as f:
+            add(json.load(f).get("eos_token_id"))
+    if tokenizer is not None:
+        add(tokenizer.eos_token_id)
+        vocab = tokenizer.get_vocab()
+        ids.update(vocab[t] for t in STOP_TOKENS if t in vocab)
+        ids.difference_update(vocab[t] for t in NOT_STOP_TOKENS if t in vocab)
+    return tuple(sorted(ids))
+
+
+def _known_model_folder(known: registry.KnownModel, bar) -> str:
+    target = os.path.join(cache_root(), f"{known.name}-{known.sha256[:12]}")
+    if os.path.isdir(target):  # the cheap path: no look at the packages at all
+        return target
+    gguf = known.gguf_path()
+    if gguf is not None:
+        return _cached_dequantized(gguf, known.name, known.sha256, bar, verify=True)
+    with tempfile.TemporaryDirectory(dir=_ensure_dir(cache_root()), prefix=f".{known.name}-join-") as tmp:
+        joined = os.path.join(tmp, f"{known.name}.gguf")
+        bar.set_postfix_str(f"joining {len(known.part_modules)} parts")
+        _join_parts(known.part_paths(), joined, known.sha256)
+        return _cached_dequantized(joined, known.name, known.sha256, bar)
+
+
+def _join_parts(parts: list[str], out_path: str, sha256: str) -> None:
+    digest = hashlib.sha256()
+    with open(out_path, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+                    out.write(chunk)
+    if digest.hexdigest() != sha256:
+        raise ValueError(f"joined GGUF {out_path!r} has sha256 {digest.hexdigest()}, expected {sha256}")
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _ensure_dir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _cached_dequantized(gguf: str, name: str, sha256: str, bar, verify: bool = False) -> str:
+    """The cache folder of `gguf` (float32 safetensors + config + tokenizer), made if missing."""
+    target = os.path.join(cache_root(), f"{name}-{sha256[:12]}")
+    if os.path.isdir(target):
+        return target
+    if verify and _sha256_file(gguf) != sha256:
+        raise ValueError(f"{gguf!r} does not have the expected sha256 {sha256}")
+    bar.set_postfix_str("dequantizing GGUF once (cached after)")
+    # Build in a private temp folder and rename it into place: a reader never sees half a
+    # cache, and of two processes building at once the second simply drops its copy.
+    tmp = os.path.join(_ensure_dir(cache_root()), f".{os.path.basename(target)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        _dequantize_gguf(gguf, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not os.path.isdir(target):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _dequantize_gguf(gguf: str, out_dir: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, file = os.path.split(os.path.abspath(gguf))
+    # Always float32: a bf16 load casts from it, which is what dequantizing to bf16 does too.
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    ModelConfig.from_hf(hf_model.config)  # refuse an unsupported architecture before writing anything
+    hf_model.hf_quantizer = None  # the weights are plain tensors now; save them as such
+    if hasattr(hf_model.config, "quantization_config"):
+        del hf_model.config.quantization_config
+    hf_model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(folder, gguf_file=file).save_pretrained(out_dir)
+
+
+def _hub_snapshot(spec: str) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    except Exception as e:  # offline, unknown repo, bad name: all mean "cannot load this spec"
+        known = ", ".join(m.name for m in registry.KNOWN_MODELS)
+        raise ValueError(f"cannot load model {spec!r}: not a known name ({known}), not a local .gguf file or "
+                         f"model folder, and the hub did not provide it ({type(e).__name__}: {e})") from e

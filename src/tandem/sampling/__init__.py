@@ -1,0 +1,1 @@
+"""Token picking: probability filters, seeded noise, and the rank-side speculative rule."""

@@ -1,0 +1,26 @@
+"""Turn logits into the distribution a request samples from: temperature, top-k, top-p.
+
+The same filter is applied to the target's p and the draft model's q, as the
+lossless rule requires.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """logits [R, V] -> probs [R, V] (float32), for one request's settings (temperature > 0)."""
+    x = logits.float() / temperature
+    vocab = x.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(x, top_k, dim=-1).values[:, -1:]  # [R, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # drop a token when the mass before it already reaches top_p (the first always stays)
+        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs

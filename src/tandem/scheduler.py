@@ -1,0 +1,67 @@
+"""Scheduler: who waits, who runs, which KV slot each holds, and how running
+sequences are grouped into verify batches."""
+from __future__ import annotations
+
+from collections import deque
+
+from tandem.sequence import Sequence, Status
+
+
+class Scheduler:
+    def __init__(self, num_slots: int, row_budget: int, max_batch: int | None = None):
+        self.row_budget = row_budget
+        self.max_batch = max_batch or num_slots
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_slots: list[int] = list(range(num_slots - 1, -1, -1))
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def admit(self) -> list[Sequence]:
+        """Waiting sequences that get a free slot now (continuous batching: between ticks)."""
+        admitted = []
+        while self.waiting and self.free_slots and len(self.running) < self.max_batch:
+            seq = self.waiting.popleft()
+            if seq.finished:  # aborted while waiting
+                continue
+            seq.slot = self.free_slots.pop()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def verify_batches(self) -> list[list[Sequence]]:
+        """Running sequences grouped by draft count (uniform k per batch), each group
+        chunked so that n*k stays within the row budget."""
+        groups: dict[int, list[Sequence]] = {}
+        for seq in self.running:
+            if not seq.finished:
+                groups.setdefault(len(seq.drafts), []).append(seq)
+        batches = []
+        for g in sorted(groups, reverse=True):
+            per_batch = max(1, min(self.max_batch, self.row_budget // (g + 1)))
+            seqs = groups[g]
+            batches += [seqs[i : i + per_batch] for i in range(0, len(seqs), per_batch)]
+        return batches
+
+    def reap(self) -> list[Sequence]:
+        """Remove finished sequences from the running set; their slots go back to the pool."""
+        done = [s for s in self.running if s.finished]
+        if done:
+            self.running = [s for s in self.running if not s.finished]
+            for s in done:
+                if s.slot is not None:
+                    self.free_slots.append(s.slot)
+        return done
+
+    def remove_waiting(self, seq: Sequence) -> bool:
+        try:
+            self.waiting.remove(seq)
+            return True
+        except ValueError:
+            return False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(not s.finished for s in self.running)

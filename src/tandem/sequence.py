@@ -1,0 +1,128 @@
+"""Sequence: all the bookkeeping of one request, with the rest derived as properties."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tandem.adaptive import SpecControl
+from tandem.detokenizer import Detokenizer, find_stop
+from tandem.sampling_params import SamplingParams
+from tandem.shard.commands import SamplingSpec
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass
+class SpecStats:
+    num_drafts: int = 0  # verify rounds that had drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens a drafted verify round yields: 1 + accepted / drafts."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int  # resolved: the request's seed, or one drawn for it
+    eos_ids: frozenset[int]
+    max_seq_len: int
+    arrival: float
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    drafts: list[int] = field(default_factory=list)  # pending drafts, verified next
+    stats: SpecStats = field(default_factory=SpecStats)
+    spec: SpecControl = field(default_factory=lambda: SpecControl(gamma=0))
+    verify_failures: int = 0  # consecutive failed forwards of this sequence's batch
+    first_token_time: float | None = None
+    stop_cut: int | None = None  # where a stop string cuts the output text
+    _stop_scan: int = 0  # where the next stop-string search starts
+
+    # ---- derived ------------------------------------------------------------------------
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def kv_len(self) -> int:
+        """Tokens whose KV is committed: all but the last, which is row 0 of the next verify."""
+        return len(self.prompt_ids) + len(self.output_ids) - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def budget(self) -> int:
+        """How many more tokens this sequence may emit (max_tokens and the context)."""
+        by_tokens = self.params.max_tokens - len(self.output_ids)
+        by_context = self.max_seq_len - (len(self.prompt_ids) + len(self.output_ids))
+        return max(0, min(by_tokens, by_context))
+
+    def output_text(self, detok: Detokenizer, stable: bool = False) -> str:
+        text = detok.stable_text(self.output_ids) if stable and not self.finished else detok.text(self.output_ids)
+        return text[: self.stop_cut] if self.stop_cut is not None else text
+
+    @property
+    def sampling(self) -> SamplingSpec:
+        p = self.params
+        return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k), seed=self.seed)
+
+    # ---- transitions --------------------------------------------------------------------
+
+    def emit(self, token: int, detok: Detokenizer | None) -> None:
+        """Append one token and apply the stop conditions; nothing is emitted past them."""
+        assert not self.finished, "emit after finish"
+        self.output_ids.append(token)
+        p = self.params
+        if not p.ignore_eos and token in self.eos_ids:
+            self.finish(FinishReason.STOP)
+        elif token in p.stop_token_ids:
+            self.finish(FinishReason.STOP)
+        elif p.stop and detok is not None and self._hit_stop_string(detok):
+            self.finish(FinishReason.STOP)
+        elif self.budget == 0:
+            self.finish(FinishReason.LENGTH)
+
+    def _hit_stop_string(self, detok: Detokenizer) -> bool:
+        text = detok.text(self.output_ids)
+        cut = find_stop(text, self.params.stop, self._stop_scan)
+        if cut is None:
+            # a stop string may still end in a later token: rescan the overlap next time
+            self._stop_scan = max(0, len(text) - max(len(s) for s in self.params.stop) + 1)
+            return False
+        self.stop_cut = cut
+        return True
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        if self.finished:
+            return
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.drafts = []

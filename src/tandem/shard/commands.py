@@ -1,0 +1,150 @@
+"""The commands the scheduler sends to shard ranks, and their results.
+
+These plain dataclasses are the shard control protocol in Python: LocalShardGroup
+hands them to an in-process ModelShard, and the gRPC codec maps them one-to-one
+onto protos/shard.proto messages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.errors import ShapeError
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """What a rank needs to pick tokens for one sequence."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingSpec()
+
+
+@dataclass(frozen=True)
+class PrefillItem:
+    slot: int
+    tokens: list[int]  # the whole known history of the sequence (prompt, plus output on a re-prefill)
+    sampling: SamplingSpec = GREEDY
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    next_tokens: list[int]  # [n] the pick after each item's last token
+
+
+@dataclass(frozen=True)
+class VerifyBatch:
+    """One batched target forward of n sequences x k rows.
+
+    Row 0 of sequence i is its last emitted token (whose KV is not written yet),
+    rows 1..k-1 are its drafts. Row r sits at position start_pos[i] + r.
+    """
+
+    batch_id: int
+    n: int
+    k: int
+    slots: list[int]  # [n]
+    start_pos: list[int]  # [n] the committed KV length of each slot
+    tokens: list[int]  # [n*k] sequence-major
+    sampling: list[SamplingSpec]  # [n]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Rank 0's answer: for every row, the target's pick and the chance to accept the draft.
+
+    picks[i*k + j]: greedy: the argmax of row j. Sampled: for j < k-1 the token to
+    emit if draft j is rejected (a draw from the normalised max(0, p - q)); for the
+    last row a draw from p (the bonus token).
+    accept_probs[i*k + j] (j < k-1): min(1, p(d_j) / q(d_j)); greedy: 1.0 if the
+    draft equals the argmax else 0.0. The last row's entry is unused (0).
+    """
+
+    batch_id: int
+    picks: list[int]  # [n*k]
+    accept_probs: list[float]  # [n*k]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """words[i] = accepted_i + 1 rows of sequence i to commit; all zeros = failed, commit nothing."""
+
+    batch_id: int
+    words: list[int]  # [n]
+
+    @property
+    def failed(self) -> bool:
+        return all(w == 0 for w in self.words)
+
+
+def failed_verdict(batch_id: int, n: int) -> Verdict:
+    """The verdict that tells every rank to drop the batch's rows."""
+    return Verdict(batch_id=batch_id, words=[0] * n)
+
+
+@dataclass(frozen=True)
+class ProposeBatch:
+    """Ask the rank-side drafter for up to `num_drafts` drafts for each slot.
+
+    last_tokens[i] is sequence i's last emitted token, at position positions[i]
+    (= its committed KV length); the drafter already knows everything before it.
+    """
+
+    slots: list[int]
+    last_tokens: list[int]
+    positions: list[int]
+    num_drafts: list[int]
+    sampling: list[SamplingSpec]
+
+
+@dataclass(frozen=True)
+class ProposeResult:
+    drafts: list[list[int]]  # [n][<= num_drafts[i]]
+
+
+@dataclass(frozen=True)
+class ShardLimits:
+    """What a shard group can take, told to the scheduler once at start."""
+
+    num_slots: int
+    max_seq_len: int
+    row_budget: int  # max n*k rows of one forward
+    vocab_size: int
+    world_size: int = 1
+    drafter: str = "none"  # the rank-side drafter's kind, "none" when the scheduler drafts
+    propose_batch_max: int = 64
+
+
+@dataclass
+class ShapeRules:
+    """The verify-batch shape rules, checked before anything is sent."""
+
+    num_slots: int
+    row_budget: int
+
+    def check(self, cmd: VerifyBatch) -> None:
+        if cmd.n < 1:
+            raise ShapeError("n>=1", f"n={cmd.n}: a verify batch needs at least one sequence")
+        if cmd.k < 1:
+            raise ShapeError("k>=1", f"k={cmd.k}: a verify batch needs at least one row per sequence")
+        if cmd.n * cmd.k > self.row_budget:
+            raise ShapeError("row_budget", f"n*k={cmd.n * cmd.k} exceeds the row budget {self.row_budget}")
+        if len(cmd.tokens) != cmd.n * cmd.k:
+            raise ShapeError("len(tokens)==n*k", f"{len(cmd.tokens)} tokens for n={cmd.n}, k={cmd.k}")
+        if len(cmd.slots) != cmd.n:
+            raise ShapeError("len(slots)==n", f"{len(cmd.slots)} slots for n={cmd.n}")
+        if len(cmd.start_pos) != cmd.n or len(cmd.sampling) != cmd.n:
+            raise ShapeError("len(start_pos)==len(sampling)==n", f"n={cmd.n}")
+        if len(set(cmd.slots)) != cmd.n:
+            raise ShapeError("slots distinct", f"slots {cmd.slots} repeat a slot")
+        bad = [s for s in cmd.slots if not 0 <= s < self.num_slots]
+        if bad:
+            raise ShapeError("slots in range", f"slots {bad} outside [0, {self.num_slots})")

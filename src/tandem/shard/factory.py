@@ -1,0 +1,89 @@
+"""Build one rank (target weights, KV slots, rank-side drafter) from a ShardSpec.
+
+The same spec builds the in-process rank of LocalShardGroup and each rank of a
+shard server, so every rank of a group is made the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tandem.model.kv_cache import KVCache
+from tandem.model.loader import LoadedModel, load_model
+from tandem.shard.model_shard import ModelShard
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    model: str | None = None  # None = the default model
+    dtype: str = "auto"  # "float32" | "bfloat16" | "auto" (bf16 on a GPU, float32 on the CPU)
+    device: str = "auto"  # "cpu" | "cuda" | "cuda:N" | "auto"
+    num_slots: int = 64
+    max_seq_len: int = 2048
+    row_budget: int = 512
+    drafter: str = "none"  # the rank-side drafter: "none" | "draft-model" | "dflash"
+    draft_model: str | None = None
+    num_speculative_tokens: int = 4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def build_model_shard(
+    spec: ShardSpec,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    tp_group=None,
+    loaded: LoadedModel | None = None,
+    progress: bool = True,
+) -> tuple[ModelShard, LoadedModel]:
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    if loaded is None:
+        loaded = load_model(spec.model, dtype=dtype, device=device, progress=progress)
+    model = loaded.model
+    cfg = loaded.config
+    num_kv_heads = cfg.num_kv_heads
+    if world_size > 1:
+        from tandem.model.tensor_parallel import kv_heads_for_rank, shard_model
+
+        shard_model(model, rank, world_size, group=tp_group)
+        num_kv_heads = len(kv_heads_for_rank(cfg.num_kv_heads, rank, world_size))
+    cache = KVCache(
+        num_layers=cfg.num_layers,
+        num_slots=spec.num_slots,
+        max_seq_len=spec.max_seq_len,
+        num_kv_heads=num_kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=dtype,
+        device=device,
+    )
+    drafter = None
+    if rank == 0 and spec.drafter != "none":
+        from tandem.drafters.factory import build_rank_drafter
+
+        drafter = build_rank_drafter(spec, loaded, device=device, dtype=dtype, progress=progress)
+    shard = ModelShard(
+        model,
+        cache,
+        row_budget=spec.row_budget,
+        vocab_size=cfg.vocab_size,
+        rank=rank,
+        world_size=world_size,
+        drafter=drafter,
+    )
+    return shard, loaded

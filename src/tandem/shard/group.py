@@ -1,0 +1,53 @@
+"""ShardGroup: the one interface the engine drives the target through.
+
+LocalShardGroup (one in-process rank) and GrpcShardGroup (N shard processes) both
+implement it; the engine runs on either with no other change.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from tandem.shard.commands import (
+    PrefillItem,
+    PrefillResult,
+    ProposeBatch,
+    ProposeResult,
+    ShardLimits,
+    Verdict,
+    VerifyBatch,
+    VerifyResult,
+)
+
+
+class ShardGroup(Protocol):
+    limits: ShardLimits
+
+    def prefill(self, items: list[PrefillItem]) -> PrefillResult:
+        """Run the target (and a rank-side drafter) over each item's tokens into its slot."""
+        ...
+
+    def verify(self, cmd: VerifyBatch) -> VerifyResult:
+        """One forward of n*k rows on every rank. Raises ShardError on failure; a
+        multi-rank group has then already sent the failed verdict to the ranks."""
+        ...
+
+    def commit(self, verdict: Verdict) -> None:
+        """Send the verdict words to every rank; returns once all have it."""
+        ...
+
+    def propose(self, cmd: ProposeBatch) -> ProposeResult:
+        """Drafts from the rank-side drafter (draft model, DFlash)."""
+        ...
+
+    def release(self, slots: list[int]) -> None:
+        ...
+
+    def healthy(self) -> bool:
+        ...
+
+    def restart(self) -> None:
+        """Bring an unhealthy group back (fresh ranks, empty KV)."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,208 @@
+"""ModelShard: one rank of the target model, its KV slots, and (on rank 0) a rank-side drafter.
+
+It executes the shard control commands. It trusts nothing: a malformed command is
+refused with ShapeError before any state changes, so the rank keeps serving.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tandem.drafters.rank_drafter import RankDrafter
+from tandem.errors import ShapeError
+from tandem.model.kv_cache import KVCache
+from tandem.sampling.rank_rule import pick_last, pick_rows
+from tandem.shard.commands import (
+    PrefillItem,
+    PrefillResult,
+    ProposeBatch,
+    ProposeResult,
+    ShapeRules,
+    ShardLimits,
+    Verdict,
+    VerifyBatch,
+    VerifyResult,
+)
+
+
+@dataclass
+class _Pending:
+    """A verify forward whose verdict has not arrived yet."""
+
+    cmd: VerifyBatch
+    rows: torch.Tensor  # [n, k]
+    hidden: dict[int, torch.Tensor]  # layer -> [n, k, H]
+
+
+class ModelShard:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: KVCache,
+        *,
+        row_budget: int,
+        vocab_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        drafter: RankDrafter | None = None,
+    ):
+        self.model = model
+        self.cache = cache
+        self.rank = rank
+        self.world_size = world_size
+        self.drafter = drafter if rank == 0 else None
+        self.vocab_size = vocab_size
+        self.rules = ShapeRules(num_slots=cache.num_slots, row_budget=row_budget)
+        self.limits = ShardLimits(
+            num_slots=cache.num_slots,
+            max_seq_len=cache.max_seq_len,
+            row_budget=row_budget,
+            vocab_size=vocab_size,
+            world_size=world_size,
+            drafter=drafter.name if drafter else "none",
+            propose_batch_max=drafter.propose_batch_max if drafter else 64,
+        )
+        self.capture = tuple(drafter.capture_layers) if drafter else ()
+        self.history: dict[int, list[int]] = {}  # slot -> committed tokens (rank-side drafter input)
+        self.pending: _Pending | None = None
+        # slot -> the drafts the rank-side drafter last proposed, with their q (for sampling)
+        self._drafts: dict[int, tuple[list[int], torch.Tensor | None]] = {}
+        self.device = next(model.parameters()).device
+
+    # ---- commands ---------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, items: list[PrefillItem]) -> PrefillResult:
+        for it in items:
+            self._check_slot(it.slot)
+            if not it.tokens:
+                raise ShapeError("tokens non-empty", f"prefill of slot {it.slot} has no tokens")
+            if len(it.tokens) >= self.cache.max_seq_len:
+                raise ShapeError("tokens < max_seq_len", f"{len(it.tokens)} tokens for a context of {self.cache.max_seq_len}")
+            self._check_tokens(it.tokens)
+        if len({it.slot for it in items}) != len(items):
+            raise ShapeError("slots distinct", "a prefill names a slot twice")
+        self.pending = None  # a prefill after a failed verify supersedes it
+        logits = []
+        for it in items:
+            # All given tokens go into the KV; the pick after them is the sequence's next
+            # token, whose KV waits for row 0 of its next verify.
+            last, hidden = self._forward_prompt(it.slot, it.tokens)
+            logits.append(last)
+            self.cache.set_length(it.slot, len(it.tokens))
+            self.history[it.slot] = list(it.tokens)
+            if self.drafter is not None:
+                self.drafter.prefill(it.slot, list(it.tokens), hidden)
+        if self.rank != 0:
+            return PrefillResult(next_tokens=[])
+        stacked = torch.stack(logits)  # [n, V]
+        return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items]))
+
+    @torch.inference_mode()
+    def verify(self, cmd: VerifyBatch) -> VerifyResult:
+        self.rules.check(cmd)
+        for slot, pos in zip(cmd.slots, cmd.start_pos):
+            self._check_slot(slot)
+            if pos != self.cache.lengths[slot]:
+                raise ShapeError("start_pos", f"slot {slot}: start_pos {pos} but the shard holds {self.cache.lengths[slot]}")
+            if pos + cmd.k > self.cache.max_seq_len:
+                raise ShapeError("context", f"slot {slot}: {pos}+{cmd.k} rows exceed the context {self.cache.max_seq_len}")
+        self._check_tokens(cmd.tokens)
+        rows = torch.tensor(cmd.tokens, dtype=torch.long, device=self.device).view(cmd.n, cmd.k)
+        out = self._forward(rows, cmd.slots, cmd.start_pos)
+        self.pending = _Pending(cmd=cmd, rows=rows, hidden=out.hidden)
+        if self.rank != 0:
+            return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
+        q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
+        picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q)
+        return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
+
+    def commit(self, verdict: Verdict) -> None:
+        p = self.pending
+        if p is None or p.cmd.batch_id != verdict.batch_id:
+            raise ShapeError("batch_id", f"verdict for batch {verdict.batch_id}, pending {p.cmd.batch_id if p else None}")
+        if len(verdict.words) != p.cmd.n:
+            raise ShapeError("len(words)==n", f"{len(verdict.words)} words for n={p.cmd.n}")
+        if not verdict.failed and not all(1 <= w <= p.cmd.k for w in verdict.words):
+            raise ShapeError("1<=word<=k", f"words {verdict.words} for k={p.cmd.k}")
+        self.pending = None
+        if verdict.failed:
+            return  # no rank advances: the rows stay past each slot's length, unused
+        for i, (slot, start, w) in enumerate(zip(p.cmd.slots, p.cmd.start_pos, verdict.words)):
+            self.cache.set_length(slot, start + w)
+            kept = p.rows[i, :w].tolist()
+            self.history[slot].extend(kept)
+            if self.drafter is not None:
+                hidden = {layer: h[i, :w] for layer, h in p.hidden.items()} or None
+                self.drafter.commit(slot, start, w, hidden)
+            self._drafts.pop(slot, None)
+
+    @torch.inference_mode()
+    def propose(self, cmd: ProposeBatch) -> ProposeResult:
+        if self.drafter is None:
+            raise ShapeError("drafter", "this shard has no rank-side drafter")
+        n = len(cmd.slots)
+        if not (len(cmd.last_tokens) == len(cmd.positions) == len(cmd.num_drafts) == len(cmd.sampling) == n):
+            raise ShapeError("propose lengths", "slots, last_tokens, positions, num_drafts, sampling differ in length")
+        for slot, pos in zip(cmd.slots, cmd.positions):
+            self._check_slot(slot)
+            if pos != self.cache.lengths[slot]:
+                raise ShapeError("positions", f"slot {slot}: position {pos} but the shard holds {self.cache.lengths[slot]}")
+        self._check_tokens(cmd.last_tokens)
+        drafts, q = self.drafter.propose(
+            list(cmd.slots), [self.history[s] for s in cmd.slots], list(cmd.last_tokens), list(cmd.num_drafts), list(cmd.sampling)
+        )
+        for slot, d, qi in zip(cmd.slots, drafts, q):
+            self._drafts[slot] = (list(d), qi)
+        return ProposeResult(drafts=[list(d) for d in drafts])
+
+    def release(self, slots: list[int]) -> None:
+        for slot in slots:
+            self._check_slot(slot)
+            self.cache.set_length(slot, 0)
+            self.history.pop(slot, None)
+            self._drafts.pop(slot, None)
+            if self.drafter is not None:
+                self.drafter.release(slot)
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def _draft_probs(self, slot: int, drafts: list[int]) -> torch.Tensor | None:
+        stored = self._drafts.get(slot)
+        if stored is None or stored[1] is None or stored[0][: len(drafts)] != drafts:
+            return None  # not this drafter's drafts: one-hot q
+        return stored[1][: len(drafts)]
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.cache.num_slots:
+            raise ShapeError("slots in range", f"slot {slot} outside [0, {self.cache.num_slots})")
+
+    def _check_tokens(self, tokens: list[int]) -> None:
+        if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
+            raise ShapeError("token ids", f"token ids must lie in [0, {self.vocab_size})")
+
+    def _forward(self, rows: torch.Tensor, slots: list[int], start_pos: list[int]):
+        return self.model(
+            rows,
+            torch.tensor(slots, dtype=torch.long, device=self.device),
+            torch.tensor(start_pos, dtype=torch.long, device=self.device),
+            self.cache,
+            capture_layers=self.capture,
+            attn_len=max(start_pos) + rows.shape[1],
+        )
+
+    def _forward_prompt(self, slot: int, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+        """Write the tokens' KV into the slot in chunks of the row budget; return the logits
+        of the last row and the captured layers' rows ([len, H] each)."""
+        chunk = self.rules.row_budget
+        hidden: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.capture}
+        last_logits = None
+        for start in range(0, len(tokens), chunk):
+            part = torch.tensor(tokens[start : start + chunk], dtype=torch.long, device=self.device)[None]
+            out = self._forward(part, [slot], [start])
+            last_logits = out.logits[0, -1]
+            for layer in self.capture:
+                hidden[layer].append(out.hidden[layer][0])
+        captured = {layer: torch.cat(h) for layer, h in hidden.items()} if self.capture else None
+        return last_logits, captured

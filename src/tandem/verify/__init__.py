@@ -1,0 +1,1 @@
+"""The verify step: accept walk, verdicts, commit, emit, propose."""

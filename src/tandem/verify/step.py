@@ -1,0 +1,194 @@
+"""One batched verify, as the seed's step_verify_dflash_batched does it:
+
+  1. send the n*k rows to the target in ONE forward;
+  2. verdicts for every sequence first (before any emit);
+  3. commit: the verdict words go to every rank, which rewind each KV to
+     pre_verify_len + accepted + 1;
+  4. emit the accepted drafts, then the bonus token, nothing past a stop;
+  5. adapt, then propose the next drafts (batched, per-sequence fallback).
+
+Failures: a single in-process rank that raised advanced nothing: the drafts go
+back and are verified next tick (the batch finishes with an error after
+`max_verify_failures` tries in a row). Anything else (a lost or failing rank, a
+deadline, a short result) has had the all-zero verdict sent, and finishes every
+sequence of the batch with an error naming the cause.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from itertools import count
+
+from tandem.adaptive import AdaptiveSpec, BatchCostModel
+from tandem.clock import Clock
+from tandem.detokenizer import Detokenizer
+from tandem.errors import ShapeError, ShardError
+from tandem.metrics import EngineMetrics
+from tandem.sequence import FinishReason, Sequence
+from tandem.shard.commands import Verdict, VerifyBatch, VerifyResult, failed_verdict
+from tandem.verify.accept import accepted_prefix, accepted_sampled
+
+log = logging.getLogger("tandem.verify")
+
+
+@dataclass
+class StepContext:
+    """Everything a verify step touches besides its batch."""
+
+    group: object  # ShardGroup
+    drafter: object | None  # Drafter
+    adaptive: AdaptiveSpec
+    cost: BatchCostModel
+    metrics: EngineMetrics
+    clock: Clock
+    detok: Detokenizer
+    max_verify_failures: int = 3
+    draft_cap: int = 0  # this tick's batch-level cap on drafts per sequence
+    batch_ids: count = field(default_factory=lambda: count(1))
+
+
+def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
+    n, g = len(batch), len(batch[0].drafts)
+    k = g + 1
+    drafts = [s.drafts for s in batch]
+    for s in batch:
+        s.drafts = []
+    cmd = VerifyBatch(
+        batch_id=next(ctx.batch_ids),
+        n=n,
+        k=k,
+        slots=[s.slot for s in batch],
+        start_pos=[s.kv_len for s in batch],
+        tokens=[t for s, d in zip(batch, drafts) for t in [s.last_token, *d]],
+        sampling=[s.sampling for s in batch],
+    )
+    t0 = ctx.clock.now()
+    res = _forward(cmd, batch, drafts, ctx)
+    if res is None:
+        return
+    verify_ms = (ctx.clock.now() - t0) * 1000.0
+    ctx.metrics.verify_ms.observe(verify_ms)
+    ctx.cost.record_forward(n * k, verify_ms)
+
+    accepted = verdicts(cmd, res, drafts, batch)
+    try:
+        ctx.group.commit(Verdict(batch_id=cmd.batch_id, words=[a + 1 for a in accepted]))
+    except ShardError as e:
+        _fail(batch, f"verify verdict not delivered: {e}", ctx)
+        return
+
+    for i, s in enumerate(batch):
+        s.verify_failures = 0
+        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx)
+    ctx.metrics.record_verify([g] * n, accepted)
+
+    t1 = ctx.clock.now()
+    propose_drafts([s for s in batch if not s.finished], ctx)
+    propose_ms = (ctx.clock.now() - t1) * 1000.0
+    ctx.metrics.log_tick(n, g, sum(accepted), n * g, verify_ms, propose_ms)
+
+
+def _forward(cmd: VerifyBatch, batch: list[Sequence], drafts: list[list[int]], ctx: StepContext) -> VerifyResult | None:
+    """The target forward, or None after handling its failure."""
+    try:
+        res = ctx.group.verify(cmd)
+    except ShapeError as e:
+        _fail(batch, f"verify batch refused ({e})", ctx)
+        return None
+    except ShardError as e:
+        ctx.metrics.verify_failures.inc()
+        if e.state_advanced:
+            _fail(batch, f"verify failed: {e}", ctx)
+            return None
+        # Nothing advanced: put the drafts back and verify them again next tick.
+        for s, d in zip(batch, drafts):
+            s.drafts = d
+            s.verify_failures += 1
+        log.warning("verify of batch %d failed (%s); retrying next tick", cmd.batch_id, e)
+        tries = max(s.verify_failures for s in batch)
+        if tries >= ctx.max_verify_failures:
+            _fail(batch, f"verify failed {tries} times in a row: {e}", ctx)
+        return None
+    if len(res.picks) < cmd.n * cmd.k or len(res.accept_probs) < cmd.n * cmd.k:
+        try:
+            ctx.group.commit(failed_verdict(cmd.batch_id, cmd.n))
+        except ShardError as e:
+            log.error("failed verdict for batch %d not delivered: %s", cmd.batch_id, e)
+        _fail(batch, f"verify short result: {len(res.picks)} picks for {cmd.n * cmd.k} rows", ctx)
+        return None
+    return res
+
+
+def verdicts(cmd: VerifyBatch, res: VerifyResult, drafts: list[list[int]], batch: list[Sequence]) -> list[int]:
+    """Every sequence's accepted count, before anything is emitted."""
+    k = cmd.k
+    out = []
+    for i, s in enumerate(batch):
+        picks = res.picks[i * k : (i + 1) * k]
+        if s.params.greedy:
+            out.append(accepted_prefix(drafts[i], picks))
+        else:
+            out.append(accepted_sampled(drafts[i], picks, res.accept_probs[i * k : (i + 1) * k], s.seed, cmd.start_pos[i]))
+    return out
+
+
+def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: StepContext) -> None:
+    """The accepted drafts, then the bonus token; nothing past a stop condition."""
+    if drafts:
+        s.stats.num_drafts += 1
+        s.stats.num_draft_tokens += len(drafts)
+        s.stats.num_accepted_tokens += accepted
+        ctx.adaptive.record_verify(s.spec, len(drafts), accepted, len(s.output_ids))
+        if ctx.drafter is not None:
+            ctx.drafter.on_commit(s, len(drafts), accepted)
+    before = len(s.output_ids)
+    for t in [*drafts[:accepted], picks[accepted]]:
+        s.emit(t, ctx.detok)
+        if s.finished:
+            break
+    ctx.metrics.generated_tokens.inc(len(s.output_ids) - before)
+
+
+def num_drafts_for(s: Sequence, ctx: StepContext) -> int:
+    if ctx.drafter is None or not ctx.adaptive.allowed(s.spec, len(s.output_ids)):
+        return 0
+    # the bonus token always comes, so more than budget-1 drafts could never be emitted
+    return max(0, min(s.spec.gamma, ctx.draft_cap, s.budget - 1))
+
+
+def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
+    """Batched propose for every eligible sequence, chunked by the drafter's width;
+    a chunk whose batched call fails falls back to one propose per sequence."""
+    if ctx.drafter is None:
+        return
+    want = [(s, num_drafts_for(s, ctx)) for s in seqs]
+    want = [(s, g) for s, g in want if g > 0]
+    width = max(1, ctx.drafter.propose_batch_max)
+    t0 = ctx.clock.now()
+    for i in range(0, len(want), width):
+        chunk = want[i : i + width]
+        try:
+            proposed = ctx.drafter.propose([s for s, _ in chunk], [g for _, g in chunk])
+        except Exception as e:  # noqa: BLE001 - the per-sequence path is the fallback
+            log.warning("batched propose failed (%s); per-sequence path", e)
+            proposed = [_propose_one(s, g, ctx) for s, g in chunk]
+        for (s, g), d in zip(chunk, proposed):
+            s.drafts = list(d[:g])
+    if want:
+        ms = (ctx.clock.now() - t0) * 1000.0
+        ctx.metrics.propose_ms.observe(ms)
+        ctx.cost.record_propose(max(g for _, g in want), ms)
+
+
+def _propose_one(s: Sequence, g: int, ctx: StepContext) -> list[int]:
+    try:
+        return ctx.drafter.propose_one(s, g)
+    except Exception as e:  # noqa: BLE001 - no drafts: the sequence decodes plainly this round
+        log.error("propose for %s failed: %s", s.request_id, e)
+        return []
+
+
+def _fail(batch: list[Sequence], why: str, ctx: StepContext) -> None:
+    log.error("finishing %d sequences: %s", len(batch), why)
+    for s in batch:
+        s.finish(FinishReason.ERROR, error=why)
