@@ -1,0 +1,175 @@
+"""Our Llama-family forward against transformers' own, on the same weights, in float32.
+
+Tolerance: max |ours - transformers| <= REL_TOL * max |transformers logit| per prompt.
+Measured: tiny models up to 1.3e-7 relative; SmolLM2-135M up to 2.7e-6 relative
+(8.9e-5 absolute on logits of magnitude ~33). REL_TOL = 2e-5 leaves a margin of about 7x.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny_models import TINY_VARIANTS
+from tandem.model.kv_cache import KVCache
+from tandem.model.loader import load_model
+
+REL_TOL = 2e-5
+K = 3  # rows per decode step, like a verify step with gamma = 2
+
+
+def hf_logits(hf_model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(ids[None]).logits[0].float()  # [T, vocab]
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    diff = (ours - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert diff <= REL_TOL * scale, f"{what}: max diff {diff:.3g} > {REL_TOL} * logit scale {scale:.3g}"
+
+
+def forward(model, cache, rows: list[torch.Tensor], slots: list[int], starts: list[int], attn_len=None):
+    return model(torch.stack(rows), torch.tensor(slots), torch.tensor(starts), cache, attn_len=attn_len)
+
+
+def check_against_reference(model, hf_model, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Prompts a, b: [T] with (T - prefix) % K == 0 for both prefixes used below."""
+    ref_a, ref_b = hf_logits(hf_model, a), hf_logits(hf_model, b)
+    cache = model.new_cache(num_slots=4, max_seq_len=64)
+
+    # Whole prompt in one forward.
+    assert_close(forward(model, cache, [a], [1], [0]).logits[0], ref_a, "prefill")
+
+    # A prefix, then K rows at a time through the cache (the verify step's shape).
+    prefix = len(a) - 3 * K
+    pieces = [forward(model, cache, [a[:prefix]], [2], [0]).logits[0]]
+    for start in range(prefix, len(a), K):
+        pieces.append(forward(model, cache, [a[start:start + K]], [2], [start]).logits[0])
+    assert_close(torch.cat(pieces), ref_a, "prefix + chunks of K")
+
+    # Two sequences in other slots at different positions, in one batched forward per step.
+    pa, pb = len(a) - 2 * K, len(b) - 2 * K - 4
+    forward(model, cache, [a[:pa]], [0], [0])
+    forward(model, cache, [b[:pb]], [3], [0])
+    for step in range(2):
+        sa, sb = pa + step * K, pb + step * K
+        out = forward(model, cache, [a[sa:sa + K], b[sb:sb + K]], [0, 3], [sa, sb])
+        assert out.logits.shape == (2, K, ref_a.shape[-1]) and out.logits.dtype == torch.float32
+        assert_close(out.logits[0], ref_a[sa:sa + K], f"batched step {step}, sequence a")
+        assert_close(out.logits[1], ref_b[sb:sb + K], f"batched step {step}, sequence b")
+
+
+def tiny_pair(vocab: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return (torch.randint(vocab, (22,), generator=generator), torch.randint(vocab, (25,), generator=generator))
+
+
+@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+def test_tiny_logits_match_transformers_for_prefill_chunked_decode_and_batched_slots(variant, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_dir(variant)
+    ours = load_model(folder, progress=False).model
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    check_against_reference(ours, hf_model, *tiny_pair())
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf(smollm2):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()
+
+
+def smollm2_prompts(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    a = tokenizer("The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away")
+    b = tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) +")
+    return torch.tensor(a.input_ids), torch.tensor(b.input_ids)
+
+
+def test_smollm2_logits_match_transformers_for_prefill_chunked_decode_and_batched_slots(smollm2, smollm2_hf):
+    a, b = smollm2_prompts(smollm2.tokenizer)
+    assert len(a) >= 20 and len(b) >= 20
+    check_against_reference(smollm2.model, smollm2_hf, a, b)
+
+
+def test_captured_layer_i_is_the_output_of_decoder_layer_i(smollm2, smollm2_hf):
+    a, _ = smollm2_prompts(smollm2.tokenizer)
+    model, last = smollm2.model, smollm2.config.num_layers - 1
+    out = model(a[None], torch.tensor([0]), torch.tensor([0]), model.new_cache(1, 32), capture_layers=(0, 5, last))
+    with torch.no_grad():
+        hf_hidden = smollm2_hf(a[None], output_hidden_states=True).hidden_states
+    assert sorted(out.hidden) == [0, 5, last]
+    for i in (0, 5):
+        assert_close(out.hidden[i][0], hf_hidden[i + 1][0], f"hidden of layer {i}")
+    # HF's last hidden state is after the final norm; ours is the raw layer output.
+    assert_close(model.model.norm(out.hidden[last][0]), hf_hidden[last + 1][0], "last layer, normed")
+    assert_close(model.final_norm_and_head(out.hidden[last]), out.logits, "head of the last hidden")
+
+
+def test_rewinding_the_kv_length_and_writing_other_rows_equals_a_fresh_run(tiny_model_dir):
+    model = load_model(tiny_model_dir("qwen2"), progress=False).model
+    prompt, rejected, accepted = torch.arange(10, 22), torch.tensor([[7, 8, 9]]), torch.tensor([[40, 41, 42]])
+    slot, start = torch.tensor([1]), torch.tensor([len(prompt)])
+
+    cache = model.new_cache(num_slots=2, max_seq_len=32)
+    model(prompt[None], slot, torch.tensor([0]), cache)
+    cache.set_length(1, len(prompt) + 3)
+    model(rejected, slot, start, cache)  # K/V of rows that will be rejected
+    cache.set_length(1, len(prompt))  # rewind: only the bookkeeping moves
+    rewound = model(accepted, slot, start, cache).logits
+
+    fresh_cache = model.new_cache(num_slots=2, max_seq_len=32)
+    model(prompt[None], slot, torch.tensor([0]), fresh_cache)
+    fresh = model(accepted, slot, start, fresh_cache).logits
+    assert torch.equal(rewound, fresh)
+
+
+def test_a_larger_attn_len_bucket_gives_the_same_logits(tiny_model_dir):
+    model = load_model(tiny_model_dir("llama"), progress=False).model
+    a, b = tiny_pair()
+    logits = {}
+    for attn_len in (None, 24, 64):
+        cache = model.new_cache(num_slots=2, max_seq_len=64)
+        model(a[None, :10], torch.tensor([0]), torch.tensor([0]), cache)
+        model(b[None, :6], torch.tensor([1]), torch.tensor([0]), cache)
+        out = model(torch.stack([a[10:13], b[6:9]]), torch.tensor([0, 1]), torch.tensor([10, 6]), cache, attn_len=attn_len)
+        logits[attn_len] = out.logits
+    assert_close(logits[24], logits[None], "attn_len 24")
+    assert_close(logits[64], logits[None], "attn_len 64")
+
+
+def test_forward_refuses_an_attn_len_beyond_the_cache_or_a_missing_layer(tiny_model_dir):
+    model = load_model(tiny_model_dir("llama"), progress=False).model
+    cache = model.new_cache(num_slots=1, max_seq_len=8)
+    tokens, slot, start = torch.tensor([[1, 2, 3]]), torch.tensor([0]), torch.tensor([0])
+    with pytest.raises(ValueError, match="attn_len 9"):
+        model(tokens, slot, start, cache, attn_len=9)
+    with pytest.raises(ValueError, match="capture_layers"):
+        model(tokens, slot, start, cache, capture_layers=(2,))
+
+
+def test_bf16_forward_returns_float32_logits_near_the_float32_ones(tiny_model_dir):
+    folder = tiny_model_dir("qwen2")
+    a, _ = tiny_pair()
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = load_model(folder, dtype=dtype, progress=False).model
+        cache = model.new_cache(num_slots=1, max_seq_len=32)
+        assert cache.k[0].dtype == dtype
+        logits[dtype] = model(a[None], torch.tensor([0]), torch.tensor([0]), cache).logits
+    assert logits[torch.bfloat16].dtype == torch.float32
+    scale = logits[torch.float32].abs().max()
+    assert (logits[torch.bfloat16] - logits[torch.float32]).abs().max() < 0.05 * scale
+
+
+def test_kv_cache_lengths_are_validated_bookkeeping():
+    cache = KVCache(num_layers=2, num_slots=3, max_seq_len=16, num_kv_heads=2, head_dim=8)
+    assert cache.k[1].shape == (3, 2, 16, 8) and cache.lengths == [0, 0, 0]
+    cache.set_length(2, 16)
+    cache.reset(2)
+    assert cache.lengths == [0, 0, 0]
+    with pytest.raises(ValueError, match="length 17"):
+        cache.set_length(0, 17)
+    with pytest.raises(ValueError, match="slot 3"):
+        cache.set_length(3, 1)
