@@ -12,6 +12,7 @@ class EngineConfig:
     model: str | None = None  # None = the default model (SmolLM2-135M-Instruct)
     drafter: str = "ngram"  # none | ngram | draft-model | dflash
     draft_model: str | None = None  # for drafter="draft-model"
+    dflash_checkpoint: str | None = None  # for drafter="dflash": a checkpoint folder; None = the shipped weights
     num_speculative_tokens: int = 4  # the most drafts a sequence gets per round
     adaptive: bool = True  # adapt gamma per sequence and cap it per batch
     max_num_seqs: int = 32  # KV slots = sequences running at once
@@ -53,5 +54,6 @@ class EngineConfig:
             row_budget=self.row_budget,
             drafter=self.rank_drafter,
             draft_model=self.draft_model,
+            dflash_checkpoint=self.dflash_checkpoint,
             num_speculative_tokens=self.num_speculative_tokens,
         )

@@ -26,8 +26,8 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smollm2():
-    """The real default model (SmolLM2-135M-Instruct) in float32, from the shared cache.
-    The first run ever builds that cache (about 20 s)."""
-    from tandem.model.loader import load_model
-    return load_model(progress=False)
+def smollm2(default_model):
+    """The real default model (SmolLM2-135M-Instruct) in float32: tests/conftest.py's one
+    session-wide load. The first run ever builds its cache (about 20 s)."""
+    assert default_model.name == "smollm2"
+    return default_model

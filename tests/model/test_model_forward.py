@@ -1,8 +1,8 @@
 """Our Llama-family forward against transformers' own, on the same weights, in float32.
 
 Tolerance: max |ours - transformers| <= REL_TOL * max |transformers logit| per prompt.
-Measured: tiny models up to 1.3e-7 relative; SmolLM2-135M up to 2.7e-6 relative
-(8.9e-5 absolute on logits of magnitude ~33). REL_TOL = 2e-5 leaves a margin of about 7x.
+Measured (torch 2.13 CPU): tiny models up to 6e-7 relative; SmolLM2-135M up to 2.7e-6
+relative (8.9e-5 absolute on logits of magnitude ~33). REL_TOL = 1e-5 leaves a margin of ~4x.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tiny_models import TINY_VARIANTS
 from tandem.model.kv_cache import KVCache
 from tandem.model.loader import load_model
 
-REL_TOL = 2e-5
+REL_TOL = 1e-5
 K = 3  # rows per decode step, like a verify step with gamma = 2
 
 

@@ -50,22 +50,8 @@ def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, d
                progress: bool = True) -> LoadedModel:
     """Load `spec`: None or a known name (registry.KNOWN_MODELS, default SmolLM2-135M-Instruct),
     a path to a .gguf file, a folder with config.json + *.safetensors, or a hub name."""
-    spec = spec or registry.DEFAULT_MODEL
-    with tqdm(total=2, desc=f"loading {spec}", unit="step", disable=not progress) as bar:
-        known = registry.lookup(spec)
-        if known is not None:
-            name, folder = known.name, _known_model_folder(known, bar)
-        elif spec.endswith(".gguf"):
-            if not os.path.isfile(spec):
-                raise FileNotFoundError(f"model spec {spec!r}: no such .gguf file")
-            name = os.path.basename(spec)[: -len(".gguf")]
-            folder = _cached_dequantized(spec, name, _sha256_file(spec), bar)
-        elif os.path.isdir(spec):
-            name, folder = os.path.basename(os.path.normpath(spec)), spec
-        elif os.path.exists(spec) or spec.startswith((".", "/", "~")):
-            raise FileNotFoundError(f"model spec {spec!r} is neither a .gguf file nor a model folder")
-        else:
-            name, folder = spec, _hub_snapshot(spec)
+    with tqdm(total=2, desc=f"loading {spec or registry.DEFAULT_MODEL}", unit="step", disable=not progress) as bar:
+        name, folder = resolve_model_folder(spec, bar)
         bar.update()
         bar.set_postfix_str("reading weights")
         loaded = _load_folder(folder, name, dtype, device)
@@ -73,8 +59,50 @@ def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, d
     return loaded
 
 
+@dataclass
+class LoadedTokenizer:
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+    name: str
+    chat_template: str | None
+    path: str
+
+
+def load_tokenizer(spec: str | None = None, *, progress: bool = True) -> LoadedTokenizer:
+    """The tokenizer side of `load_model(spec)`, without the weights (for a scheduler whose
+    model lives in shard processes)."""
+    from transformers import AutoConfig
+
+    with tqdm(total=1, desc=f"tokenizer of {spec or registry.DEFAULT_MODEL}", unit="step", disable=not progress) as bar:
+        name, folder = resolve_model_folder(spec, bar)
+        tokenizer = _load_tokenizer(folder)
+        has_config = os.path.isfile(os.path.join(folder, "config.json"))
+        eos_token_ids = _eos_token_ids(folder, AutoConfig.from_pretrained(folder) if has_config else None, tokenizer)
+        bar.update()
+    return LoadedTokenizer(tokenizer, eos_token_ids, name, getattr(tokenizer, "chat_template", None), folder)
+
+
+def resolve_model_folder(spec: str | None, bar=None) -> tuple[str, str]:
+    """(name, folder holding config.json + *.safetensors) for `spec`, dequantizing a GGUF once."""
+    spec = spec or registry.DEFAULT_MODEL
+    bar = bar if bar is not None else tqdm(disable=True)
+    known = registry.lookup(spec)
+    if known is not None:
+        return known.name, _known_model_folder(known, bar)
+    if spec.endswith(".gguf"):
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(f"model spec {spec!r}: no such .gguf file")
+        name = os.path.basename(spec)[: -len(".gguf")]
+        return name, _cached_dequantized(spec, name, _sha256(spec), bar)
+    if os.path.isdir(spec):
+        return os.path.basename(os.path.normpath(spec)), spec
+    if os.path.exists(spec) or spec.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model spec {spec!r} is neither a .gguf file nor a model folder")
+    return spec, _hub_snapshot(spec)
+
+
 def _load_folder(folder: str, name: str, dtype: torch.dtype, device) -> LoadedModel:
-    from safetensors.torch import load_file
+    from safetensors import safe_open
     from transformers import AutoConfig
 
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
@@ -84,7 +112,9 @@ def _load_folder(folder: str, name: str, dtype: torch.dtype, device) -> LoadedMo
     config = ModelConfig.from_hf(hf_config)
     state = {}
     for file in files:
-        state.update(load_file(file))
+        with safe_open(file, framework="pt") as f:
+            # Cast one tensor at a time: the float32 cache is never all in memory beside its bf16 copy.
+            state.update((key, f.get_tensor(key).to(device=device, dtype=dtype)) for key in f.keys())
     model = LlamaForCausalLM.from_state_dict(config, state, dtype=dtype, device=device)
     tokenizer = _load_tokenizer(folder)
     return LoadedModel(
@@ -140,22 +170,21 @@ def _known_model_folder(known: registry.KnownModel, bar) -> str:
 
 
 def _join_parts(parts: list[str], out_path: str, sha256: str) -> None:
-    digest = hashlib.sha256()
     with open(out_path, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    digest.update(chunk)
-                    out.write(chunk)
-    if digest.hexdigest() != sha256:
-        raise ValueError(f"joined GGUF {out_path!r} has sha256 {digest.hexdigest()}, expected {sha256}")
+        joined = _sha256(*parts, copy_to=out)
+    if joined != sha256:
+        raise ValueError(f"joined GGUF {out_path!r} has sha256 {joined}, expected {sha256}")
 
 
-def _sha256_file(path: str) -> str:
+def _sha256(*paths: str, copy_to=None) -> str:
+    """sha256 of the files read one after another, optionally writing them out as they are read."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+                if copy_to is not None:
+                    copy_to.write(chunk)
     return digest.hexdigest()
 
 
@@ -169,14 +198,14 @@ def _cached_dequantized(gguf: str, name: str, sha256: str, bar, verify: bool = F
     target = os.path.join(cache_root(), f"{name}-{sha256[:12]}")
     if os.path.isdir(target):
         return target
-    if verify and _sha256_file(gguf) != sha256:
+    if verify and _sha256(gguf) != sha256:
         raise ValueError(f"{gguf!r} does not have the expected sha256 {sha256}")
     bar.set_postfix_str("dequantizing GGUF once (cached after)")
     # Build in a private temp folder and rename it into place: a reader never sees half a
     # cache, and of two processes building at once the second simply drops its copy.
     tmp = os.path.join(_ensure_dir(cache_root()), f".{os.path.basename(target)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        _dequantize_gguf(gguf, tmp)
+        _dequantize_gguf(gguf, tmp, progress=not bar.disable)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -187,12 +216,20 @@ def _cached_dequantized(gguf: str, name: str, sha256: str, bar, verify: bool = F
     return target
 
 
-def _dequantize_gguf(gguf: str, out_dir: str) -> None:
+def _dequantize_gguf(gguf: str, out_dir: str, progress: bool) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     folder, file = os.path.split(os.path.abspath(gguf))
-    # Always float32: a bf16 load casts from it, which is what dequantizing to bf16 does too.
-    hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        # Always float32: a bf16 load casts from it, which is what dequantizing to bf16 does too.
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
     ModelConfig.from_hf(hf_model.config)  # refuse an unsupported architecture before writing anything
     hf_model.hf_quantizer = None  # the weights are plain tensors now; save them as such
     if hasattr(hf_model.config, "quantization_config"):

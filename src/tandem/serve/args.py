@@ -25,3 +25,6 @@ class TandemServeArgs(BaseModel):
     rpc_deadline_s: float = Field(30.0, gt=0, description="Deadline of each shard RPC; a hung rank fails its batch after this.")
     shard_num_gpus: float = Field(0.0, ge=0, description="GPUs per shard actor (1 on a GPU cluster, 0 on CPU).")
     shard_num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per shard actor.")
+    shard_torch_threads: int | None = Field(None, ge=1, description="Torch threads per CPU shard actor; None = the node's cores divided by tensor_parallel_size.")
+    scheduler_num_cpus: float = Field(0.25, ge=0, description="CPUs reserved by the scheduler actor (it runs the step loop, n-gram drafting and detokenization).")
+    max_ongoing_requests: int = Field(1024, ge=1, description="Requests the ingress replica takes at once (Serve's max_ongoing_requests); more wait in the proxy.")

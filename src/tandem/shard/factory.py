@@ -24,6 +24,7 @@ class ShardSpec:
     row_budget: int = 512
     drafter: str = "none"  # the rank-side drafter: "none" | "draft-model" | "dflash"
     draft_model: str | None = None
+    dflash_checkpoint: str | None = None  # a DFlash checkpoint folder; None = the weights shipped for the model
     num_speculative_tokens: int = 4
 
     def to_dict(self) -> dict:

@@ -1,0 +1,246 @@
+"""The Python API over Ray: start a tandem engine as actors and talk to it.
+
+    import ray, tandem.actors as ta
+    ray.init()                                   # or ta.init_local_ray()
+    llm = ta.start(model="smollm2", tensor_parallel=2)
+    print(llm.generate("The capital of France is", max_tokens=16).text)
+    for out in llm.stream("Once upon a time", max_tokens=32):
+        print(out.delta_text, end="", flush=True)
+    llm.shutdown()
+
+A TandemHandle pickles (it holds an actor handle), so Ray tasks and actors elsewhere
+in the program can use it; a named engine (start(name=...)) is found again with
+connect(name). Errors come out as tandem's own: InvalidRequestError for bad input,
+EngineUnavailableError while the shard group recovers; a request whose batch failed
+returns (or ends its stream with) an output whose finish_reason is "error".
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager, asynccontextmanager
+
+from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings
+from tandem.config import EngineConfig
+from tandem.errors import TandemError
+from tandem.outputs import RequestOutput
+from tandem.sampling_params import SamplingParams
+
+_SAMPLING_FIELDS = {f for f in SamplingParams.__dataclass_fields__}
+
+
+def start(
+    model: str | None = None,
+    tensor_parallel: int = 1,
+    drafter: str = "ngram",
+    *,
+    name: str | None = None,
+    namespace: str | None = None,
+    served_model_name: str | None = None,
+    scheduler_num_cpus: float = 0.25,
+    shard_num_gpus: float = 0.0,
+    shard_num_cpus: float = 0.5,
+    shard_torch_threads: int | None = None,
+    rpc_deadline_s: float = 30.0,
+    fault_injection: bool = False,
+    in_process_target: bool = False,
+    ready_timeout_s: float = 600.0,
+    **engine_options,
+) -> "TandemHandle":
+    """Start a SchedulerActor (and through it `tensor_parallel` ShardActors in a placement
+    group) in the connected Ray cluster; returns once the model is loaded.
+
+    engine_options are EngineConfig fields (num_speculative_tokens, max_num_seqs,
+    max_seq_len, row_budget, draft_model, adaptive, device, dtype, ...). shard_num_gpus
+    is what each ShardActor reserves: 1 on a GPU cluster, 0 on CPU. in_process_target
+    keeps a single rank inside the scheduler actor (no shard actors, no gRPC, no
+    recovery): for CPU-only single-rank runs."""
+    import ray
+
+    config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)
+    settings = SchedulerSettings(
+        engine=config,
+        served_model_name=served_model_name,
+        rpc_deadline_s=rpc_deadline_s,
+        shard_num_gpus=shard_num_gpus,
+        shard_num_cpus=shard_num_cpus,
+        shard_torch_threads=shard_torch_threads,
+        fault_injection=fault_injection,
+        in_process_target=in_process_target,
+    )
+    options = {"num_cpus": scheduler_num_cpus, "max_concurrency": 4096, "max_restarts": 0}
+    if name is not None:
+        options["name"] = name
+        if namespace is not None:
+            options["namespace"] = namespace
+    actor = ray.remote(SchedulerActor).options(**options).remote(settings)
+    info = ray.get(actor.ready.remote(), timeout=ready_timeout_s)
+    return TandemHandle(actor, info)
+
+
+def connect(name: str, namespace: str | None = None) -> "TandemHandle":
+    """A handle on an engine started elsewhere with start(name=...)."""
+    import ray
+
+    actor = ray.get_actor(name, namespace=namespace)
+    return TandemHandle(actor, ray.get(actor.ready.remote()))
+
+
+def sampling_params(params: SamplingParams | None = None, **kwargs) -> SamplingParams:
+    """SamplingParams from keyword arguments (max_tokens=..., temperature=..., ...)."""
+    if params is not None:
+        if kwargs:
+            raise TypeError("give either params or sampling keyword arguments, not both")
+        return params
+    unknown = set(kwargs) - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling arguments: {sorted(unknown)}")
+    return SamplingParams(**kwargs)
+
+
+def _unwrap(e: Exception) -> Exception:
+    """Ray wraps an actor's exception; give back tandem's own error where it is one."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, TandemError) else e
+
+
+@contextmanager
+def _tandem_errors():
+    import ray
+
+    try:
+        yield
+    except ray.exceptions.RayTaskError as e:
+        raise _unwrap(e) from None
+
+
+@asynccontextmanager
+async def _tandem_errors_async():
+    import ray
+
+    try:
+        yield
+    except ray.exceptions.RayTaskError as e:
+        raise _unwrap(e) from None
+
+
+class TandemHandle:
+    """generate / stream (blocking) and agenerate / astream (asyncio) on one engine.
+
+    `prompt` is a string or a list of token ids; give `messages` instead (OpenAI-style
+    chat messages) to use the model's chat template. Sampling is SamplingParams or its
+    fields as keyword arguments."""
+
+    def __init__(self, actor, info: dict):
+        self.actor = actor
+        self.info = info
+
+    @property
+    def model_name(self) -> str:
+        return self.info["model"]
+
+    # ---- blocking ---------------------------------------------------------------------
+
+    def generate(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
+                 request_id: str | None = None, **sampling) -> RequestOutput:
+        import ray
+
+        sp = sampling_params(params, **sampling)
+        with _tandem_errors():
+            return ray.get(self.actor.generate.remote(prompt, sp, request_id, messages))
+
+    def stream(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
+               request_id: str | None = None, **sampling) -> Iterator[RequestOutput]:
+        """Outputs as they are produced (each with delta_text / delta_token_ids); the last
+        has finished=True. Leaving the loop early aborts the request."""
+        import ray
+
+        sp = sampling_params(params, **sampling)
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
+        finished = False
+        try:
+            with _tandem_errors():
+                for ref in gen:
+                    out = ray.get(ref)
+                    finished = out.finished
+                    yield out
+        finally:
+            if not finished:
+                self.actor.abort.remote(rid)
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, **sampling) -> RequestOutput:
+        return self.generate(None, params, messages=messages, **sampling)
+
+    # ---- asyncio ------------------------------------------------------------------------
+
+    async def agenerate(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
+                        request_id: str | None = None, **sampling) -> RequestOutput:
+        sp = sampling_params(params, **sampling)
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        ref = self.actor.generate.remote(prompt, sp, rid, messages)
+        try:
+            async with _tandem_errors_async():
+                return await ref
+        except BaseException:
+            self.actor.abort.remote(rid)  # cancelled (client gone) or failed: free its slot
+            raise
+
+    async def astream(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
+                      request_id: str | None = None, **sampling) -> AsyncIterator[RequestOutput]:
+        sp = sampling_params(params, **sampling)
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
+        finished = False
+        try:
+            async with _tandem_errors_async():
+                async for ref in gen:
+                    out = await ref
+                    finished = out.finished
+                    yield out
+        finally:
+            if not finished:
+                self.actor.abort.remote(rid)
+
+    # ---- operations ---------------------------------------------------------------------
+
+    def health(self) -> dict:
+        import ray
+
+        return ray.get(self.actor.health.remote())
+
+    async def ahealth(self) -> dict:
+        return await self.actor.health.remote()
+
+    async def ametrics(self) -> bytes:
+        return await self.actor.metrics.remote()
+
+    def metrics_text(self) -> str:
+        import ray
+
+        return ray.get(self.actor.metrics.remote()).decode()
+
+    def shard_actors(self) -> list:
+        import ray
+
+        return ray.get(self.actor.shard_actors.remote())
+
+    def pause(self) -> None:
+        """Stop stepping after the current tick (fault tests, draining)."""
+        import ray
+
+        ray.get(self.actor.pause.remote())
+
+    def resume(self) -> None:
+        import ray
+
+        ray.get(self.actor.resume.remote())
+
+    def shutdown(self) -> None:
+        """Stop the engine and its shard actors."""
+        import ray
+
+        try:
+            ray.get(self.actor.shutdown.remote(), timeout=60)
+        finally:
+            ray.kill(self.actor)

@@ -1,0 +1,299 @@
+"""SchedulerActor: an async Ray actor that owns the Engine and runs its step loop.
+
+The engine runs on a GrpcShardGroup whose ranks are ShardActors (RayShardLauncher).
+A background thread calls engine.step() while there is work and hands the outputs to
+the actor's event loop, which puts each into its request's asyncio queue; `stream` is
+a Ray streaming generator over that queue (one per request), `generate` waits for the
+last output. Requests join between ticks (continuous batching).
+
+Recovery is the engine's: a lost rank fails its batch (those requests get an output
+with finish_reason "error"), the next tick restarts the group through the launcher and
+re-prefills the others. While it recovers, new requests raise EngineUnavailableError.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from tandem.config import EngineConfig
+from tandem.errors import EngineUnavailableError, InvalidRequestError
+from tandem.outputs import RequestOutput, Usage
+from tandem.sampling_params import SamplingParams
+
+log = logging.getLogger("tandem.actors")
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """What a SchedulerActor is built from: the engine config and how its ranks are placed."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    served_model_name: str | None = None  # the model id clients use; default: the model's name
+    rpc_deadline_s: float = 30.0  # deadline of each shard RPC
+    init_deadline_s: float = 300.0  # deadline of a rank's Init (model load)
+    shard_num_gpus: float = 0.0
+    shard_num_cpus: float = 0.5
+    shard_torch_threads: int | None = None  # None: the node's cores / ranks on CPU
+    fault_injection: bool = False  # let tests make a rank fail on purpose
+    in_process_target: bool = False  # one rank inside this actor (LocalShardGroup), no shard actors
+
+
+def merge_outputs(outs: list[RequestOutput]) -> RequestOutput:
+    """Several outputs of one request as one: the latest state, the deltas joined."""
+    if len(outs) == 1:
+        return outs[0]
+    return dataclasses.replace(
+        outs[-1],
+        delta_text="".join(o.delta_text for o in outs),
+        delta_token_ids=[t for o in outs for t in o.delta_token_ids],
+    )
+
+
+class SchedulerActor:
+    """Create with ray.remote(SchedulerActor) (see tandem.actors.handle.start)."""
+
+    def __init__(self, settings: SchedulerSettings):
+        self.settings = settings
+        self.engine, self.launcher = self._build_engine(settings)
+        self.model_name = settings.served_model_name or self.engine.model_name
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tandem-admit")
+        self._wake = threading.Event()
+        self._step_lock = threading.Lock()  # held for each tick; pause() takes it to wait for a tick to end
+        self._paused = False
+        self._stopped = False
+        self.ticks = 0
+
+    @staticmethod
+    def _build_engine(s: SchedulerSettings):
+        from tandem.actors.launcher import RayShardLauncher
+        from tandem.engine import Engine
+
+        if s.in_process_target:
+            if s.engine.shards != 1:
+                raise ValueError("an in-process target has one rank (tensor_parallel 1)")
+            return Engine.from_config(s.engine, progress=False), _NoLauncher()
+        from tandem.model.loader import load_tokenizer
+        from tandem.rpc.grpc_group import GrpcShardGroup
+
+        launcher = RayShardLauncher(
+            s.engine.shards,
+            num_gpus=s.shard_num_gpus,
+            num_cpus=s.shard_num_cpus,
+            torch_threads=s.shard_torch_threads,
+            fault_injection=s.fault_injection,
+        )
+        group = GrpcShardGroup(s.engine.shard_spec(), launcher, deadline_s=s.rpc_deadline_s, init_deadline_s=s.init_deadline_s)
+        tok = load_tokenizer(s.engine.model, progress=False)
+        engine = Engine(group, tok.tokenizer, tok.eos_token_ids, s.engine, model_name=tok.name)
+        return engine, launcher
+
+    # ---- the step loop ------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._run, name="tandem-step-loop", daemon=True)
+            self._thread.start()
+
+    def _has_work(self) -> bool:
+        e = self.engine
+        return e.has_unfinished() or e.recovering or not e.group.healthy()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            if self._paused or not self._has_work():
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            with self._step_lock:
+                if self._paused:
+                    continue
+                try:
+                    outs = self.engine.step()
+                except Exception as e:  # noqa: BLE001 - a broken tick must not leave clients hanging
+                    log.exception("engine step failed")
+                    outs = self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
+                self.ticks += 1
+            if outs:
+                self._loop.call_soon_threadsafe(self._dispatch, outs)
+            if self.engine.recovering:
+                time.sleep(1.0)  # the restart failed; the next tick tries again
+
+    def _fail_all(self, why: str) -> list[RequestOutput]:
+        outs = []
+        for rid in list(self._queues):
+            self.engine.abort(rid)
+            outs.append(_error_output(rid, why))
+        return outs
+
+    def _dispatch(self, outs: list[RequestOutput]) -> None:
+        for out in outs:
+            q = self._queues.get(out.request_id)
+            if q is not None:
+                q.put_nowait(out)
+
+    # ---- requests -----------------------------------------------------------------------
+
+    async def _add(self, prompt, params: SamplingParams | None, request_id: str | None, messages: list[dict] | None):
+        self._ensure_started()
+        e = self.engine
+        if e.recovering or not e.group.healthy():
+            raise EngineUnavailableError("the shard group is recovering; retry shortly")
+        if messages is not None:
+            if prompt is not None:
+                raise InvalidRequestError("messages", "give either a prompt or messages, not both")
+            prompt = e.chat_prompt(messages)
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        if rid in self._queues:
+            raise InvalidRequestError("request_id", f"{rid!r} is already running")
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = q
+        try:
+            # add_request waits for the engine lock (held during a tick): off the event loop.
+            await self._loop.run_in_executor(self._pool, e.add_request, prompt, params, rid)
+        except BaseException:
+            self._queues.pop(rid, None)
+            raise
+        self._wake.set()
+        return rid, q
+
+    async def generate(self, prompt=None, params: SamplingParams | None = None, request_id: str | None = None,
+                       messages: list[dict] | None = None) -> RequestOutput:
+        """Run one request to the end; its final output (finish_reason "error" with `error` set
+        when its batch failed)."""
+        rid, q = await self._add(prompt, params, request_id, messages)
+        out = None
+        try:
+            while out is None or not out.finished:
+                out = await q.get()
+            return out
+        finally:
+            await self._forget(rid, out is not None and out.finished)
+
+    async def stream(self, prompt=None, params: SamplingParams | None = None, request_id: str | None = None,
+                     messages: list[dict] | None = None):
+        """Yield the request's outputs as they come (call with num_returns="streaming");
+        outputs that piled up since the last yield come merged into one."""
+        rid, q = await self._add(prompt, params, request_id, messages)
+        finished = False
+        try:
+            while not finished:
+                outs = [await q.get()]
+                while not q.empty():
+                    outs.append(q.get_nowait())
+                finished = outs[-1].finished
+                yield merge_outputs(outs)
+        finally:
+            await self._forget(rid, finished)
+
+    async def _forget(self, rid: str, finished: bool) -> None:
+        self._queues.pop(rid, None)
+        if not finished:  # the caller went away (or was cancelled): stop generating for it
+            await self._loop.run_in_executor(self._pool, self.engine.abort, rid)
+
+    async def abort(self, request_id: str) -> bool:
+        self._ensure_started()
+        return await self._loop.run_in_executor(self._pool, self.engine.abort, request_id)
+
+    # ---- operations ---------------------------------------------------------------------
+
+    async def ready(self) -> dict:
+        """Starts the step loop; what clients need to know about the served model."""
+        self._ensure_started()
+        lim = self.engine.group.limits
+        return {
+            "model": self.model_name,
+            "max_seq_len": lim.max_seq_len,
+            "vocab_size": lim.vocab_size,
+            "tensor_parallel_size": lim.world_size,
+            "has_chat_template": bool(getattr(self.engine.tokenizer, "chat_template", None)),
+        }
+
+    async def health(self) -> dict:
+        e = self.engine
+        recovering = e.recovering or not e.group.healthy()
+        return {
+            "status": "recovering" if recovering else "ok",
+            "recovering": recovering,
+            "running": len(e.scheduler.running),
+            "waiting": len(e.scheduler.waiting),
+            "restarts": max(0, self.launcher.generation - 1),
+            "ticks": self.ticks,
+        }
+
+    async def metrics(self) -> bytes:
+        """The engine's Prometheus counters, in the text exposition format."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.engine.metrics.registry) + self._own_metrics()
+
+    def _own_metrics(self) -> bytes:
+        e = self.engine
+        lines = [
+            "# HELP tandem:num_requests_running Sequences holding a KV slot.",
+            "# TYPE tandem:num_requests_running gauge",
+            f"tandem:num_requests_running {len(e.scheduler.running)}",
+            "# HELP tandem:num_requests_waiting Sequences waiting for a KV slot.",
+            "# TYPE tandem:num_requests_waiting gauge",
+            f"tandem:num_requests_waiting {len(e.scheduler.waiting)}",
+            "# HELP tandem:shard_group_restarts Restarts of the shard group after a lost rank.",
+            "# TYPE tandem:shard_group_restarts counter",
+            f"tandem:shard_group_restarts_total {max(0, self.launcher.generation - 1)}",
+            "",
+        ]
+        return "\n".join(lines).encode()
+
+    async def shard_actors(self) -> list:
+        """The live ShardActor handles in rank order (operations and fault tests)."""
+        return list(self.launcher.actors)
+
+    async def pause(self) -> None:
+        """Stop stepping after the tick in progress (returns once it has ended)."""
+        self._ensure_started()
+        self._paused = True
+        await self._loop.run_in_executor(self._pool, _wait_for, self._step_lock)
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._wake.set()
+
+    async def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            await self._loop.run_in_executor(self._pool, self._thread.join, 30.0)
+        for rid in list(self._queues):
+            self._dispatch([_error_output(rid, "the server is shutting down")])
+        self.engine.close()
+        self.launcher.stop()
+
+
+class _NoLauncher:
+    """The launcher of an in-process target: no actors, never restarted."""
+
+    actors: list = []
+    generation = 1
+
+    def stop(self) -> None:
+        pass
+
+
+def _wait_for(lock: threading.Lock) -> None:
+    with lock:
+        pass
+
+
+def _error_output(rid: str, why: str) -> RequestOutput:
+    return RequestOutput(
+        request_id=rid, prompt=None, prompt_token_ids=[], text="", token_ids=[], delta_text="", delta_token_ids=[],
+        finished=True, finish_reason="error", error=why, usage=Usage(0, 0),
+    )

@@ -1,0 +1,99 @@
+"""`tandem generate`: run prompts through the embedded engine (or N local gRPC shards)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tandem.drafters.factory import DRAFTERS
+from tandem.errors import InvalidRequestError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", nargs="?", help="The prompt (raw text, as /v1/completions; --chat applies the chat template).")
+    p.add_argument("--prompt-file", help="A file with one prompt per line.")
+    p.add_argument("--model", default=None, help="Target model (default: SmolLM2-135M-Instruct).")
+    p.add_argument("--drafter", default="ngram", choices=DRAFTERS, help="Who proposes drafts.")
+    p.add_argument("--draft-model", default=None, help="Draft model for --drafter draft-model.")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="Most drafts per sequence per round.")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--batch", type=int, default=8, help="How many prompts go into the engine at once.")
+    p.add_argument("--chat", action="store_true", help="Apply the tokenizer's chat template to each prompt.")
+    p.add_argument("--json", action="store_true", help="One JSON object per line instead of text.")
+    p.add_argument("--shards", type=int, default=1, help="Run the target on N local gRPC shard processes (tensor parallel).")
+    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--device", default="auto")
+
+
+def _prompts(args) -> list[str]:
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            prompts = [line.rstrip("\n") for line in f if line.strip()]
+    elif args.prompt is not None:
+        prompts = [args.prompt]
+    else:
+        raise InvalidRequestError("prompt", "give a prompt or --prompt-file")
+    if not prompts:
+        raise InvalidRequestError("prompt-file", "has no prompts")
+    return prompts
+
+
+def run(args) -> int:
+    from tandem.engine import Engine
+    from tandem.sampling_params import SamplingParams
+
+    try:
+        prompts = _prompts(args)
+        params = SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+        )
+        if args.batch < 1:
+            raise InvalidRequestError("batch", f"must be >= 1, got {args.batch}")
+        engine = Engine.from_config(
+            model=args.model,
+            drafter=args.drafter,
+            draft_model=args.draft_model,
+            num_speculative_tokens=args.num_speculative_tokens,
+            shards=args.shards,
+            max_num_seqs=max(args.batch, 1),
+            max_seq_len=args.max_seq_len,
+            device=args.device,
+        )
+    except (InvalidRequestError, ValueError, FileNotFoundError) as e:
+        print(f"tandem generate: {e}", file=sys.stderr)
+        return 2
+    try:
+        for i in range(0, len(prompts), args.batch):
+            group = prompts[i : i + args.batch]
+            texts = [engine.chat_prompt([{"role": "user", "content": p}]) for p in group] if args.chat else group
+            for prompt, out in zip(group, engine.generate(texts, params)):
+                _print(prompt, out, args.json)
+    finally:
+        engine.close()
+    return 0
+
+
+def _print(prompt: str, out, as_json: bool) -> None:
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "prompt": prompt,
+                    "prompt_token_ids": out.prompt_token_ids,
+                    "text": out.text,
+                    "token_ids": out.token_ids,
+                    "finish_reason": out.finish_reason,
+                    "num_drafts": out.num_drafts,
+                    "num_draft_tokens": out.num_draft_tokens,
+                    "num_accepted_tokens": out.num_accepted_tokens,
+                    **({"error": out.error} if out.error else {}),
+                }
+            ),
+            flush=True,
+        )
+    else:
+        print(out.text if out.finish_reason != "error" else f"[error: {out.error}]", flush=True)

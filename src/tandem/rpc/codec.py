@@ -1,0 +1,201 @@
+"""The codec: tandem.shard.commands dataclasses <-> protos/shard.proto messages, one-to-one.
+
+encode_X(dataclass) -> message and decode_X(message) -> dataclass for every command
+and result. Lists keep their order and shape; the one lossy field is a sampling seed,
+which travels modulo 2**64 (the counter-based sampler uses no more of it).
+"""
+from __future__ import annotations
+
+from tandem.rpc.generated import shard_pb2 as pb
+from tandem.shard.commands import (
+    PrefillItem,
+    PrefillResult,
+    ProposeBatch,
+    ProposeResult,
+    SamplingSpec,
+    ShardLimits,
+    Verdict,
+    VerifyBatch,
+    VerifyResult,
+)
+from tandem.shard.factory import ShardSpec
+
+_MASK64 = (1 << 64) - 1
+
+
+# ---- sampling -----------------------------------------------------------------------------
+
+def encode_sampling(s: SamplingSpec) -> pb.SamplingSpec:
+    m = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, seed=s.seed & _MASK64)
+    if s.top_p != 1.0:
+        m.top_p = s.top_p
+    return m
+
+
+def decode_sampling(m: pb.SamplingSpec) -> SamplingSpec:
+    top_p = m.top_p if m.HasField("top_p") else 1.0
+    return SamplingSpec(temperature=m.temperature, top_p=top_p, top_k=m.top_k, seed=m.seed)
+
+
+# ---- init / limits ------------------------------------------------------------------------
+
+def encode_spec(spec: ShardSpec) -> pb.ShardSpec:
+    m = pb.ShardSpec(
+        dtype=spec.dtype,
+        device=spec.device,
+        num_slots=spec.num_slots,
+        max_seq_len=spec.max_seq_len,
+        row_budget=spec.row_budget,
+        drafter=spec.drafter,
+        num_speculative_tokens=spec.num_speculative_tokens,
+    )
+    if spec.model is not None:
+        m.model = spec.model
+    if spec.draft_model is not None:
+        m.draft_model = spec.draft_model
+    return m
+
+
+def decode_spec(m: pb.ShardSpec) -> ShardSpec:
+    return ShardSpec(
+        model=m.model if m.HasField("model") else None,
+        dtype=m.dtype,
+        device=m.device,
+        num_slots=m.num_slots,
+        max_seq_len=m.max_seq_len,
+        row_budget=m.row_budget,
+        drafter=m.drafter,
+        draft_model=m.draft_model if m.HasField("draft_model") else None,
+        num_speculative_tokens=m.num_speculative_tokens,
+    )
+
+
+def encode_limits(x: ShardLimits) -> pb.ShardLimits:
+    return pb.ShardLimits(
+        num_slots=x.num_slots,
+        max_seq_len=x.max_seq_len,
+        row_budget=x.row_budget,
+        vocab_size=x.vocab_size,
+        world_size=x.world_size,
+        drafter=x.drafter,
+        propose_batch_max=x.propose_batch_max,
+    )
+
+
+def decode_limits(m: pb.ShardLimits) -> ShardLimits:
+    return ShardLimits(
+        num_slots=m.num_slots,
+        max_seq_len=m.max_seq_len,
+        row_budget=m.row_budget,
+        vocab_size=m.vocab_size,
+        world_size=m.world_size,
+        drafter=m.drafter,
+        propose_batch_max=m.propose_batch_max,
+    )
+
+
+# ---- prefill ------------------------------------------------------------------------------
+
+def encode_prefill(items: list[PrefillItem]) -> pb.PrefillRequest:
+    return pb.PrefillRequest(
+        items=[pb.PrefillItem(slot=it.slot, tokens=it.tokens, sampling=encode_sampling(it.sampling)) for it in items]
+    )
+
+
+def decode_prefill(m: pb.PrefillRequest) -> list[PrefillItem]:
+    return [PrefillItem(slot=it.slot, tokens=list(it.tokens), sampling=decode_sampling(it.sampling)) for it in m.items]
+
+
+def encode_prefill_result(r: PrefillResult) -> pb.PrefillResult:
+    return pb.PrefillResult(next_tokens=r.next_tokens)
+
+
+def decode_prefill_result(m: pb.PrefillResult) -> PrefillResult:
+    return PrefillResult(next_tokens=list(m.next_tokens))
+
+
+# ---- verify / verdict ---------------------------------------------------------------------
+
+def encode_verify(c: VerifyBatch) -> pb.VerifyBatch:
+    return pb.VerifyBatch(
+        batch_id=c.batch_id,
+        n=c.n,
+        k=c.k,
+        slots=c.slots,
+        start_pos=c.start_pos,
+        tokens=c.tokens,
+        sampling=[encode_sampling(s) for s in c.sampling],
+    )
+
+
+def decode_verify(m: pb.VerifyBatch) -> VerifyBatch:
+    return VerifyBatch(
+        batch_id=m.batch_id,
+        n=m.n,
+        k=m.k,
+        slots=list(m.slots),
+        start_pos=list(m.start_pos),
+        tokens=list(m.tokens),
+        sampling=[decode_sampling(s) for s in m.sampling],
+    )
+
+
+def encode_verify_result(r: VerifyResult) -> pb.VerifyResult:
+    return pb.VerifyResult(batch_id=r.batch_id, picks=r.picks, accept_probs=r.accept_probs)
+
+
+def decode_verify_result(m: pb.VerifyResult) -> VerifyResult:
+    # accept_probs are 0/1 for greedy rows and probabilities otherwise: float32 is plenty
+    return VerifyResult(batch_id=m.batch_id, picks=list(m.picks), accept_probs=list(m.accept_probs))
+
+
+def encode_verdict(v: Verdict) -> pb.Verdict:
+    return pb.Verdict(batch_id=v.batch_id, words=v.words)
+
+
+def decode_verdict(m: pb.Verdict) -> Verdict:
+    return Verdict(batch_id=m.batch_id, words=list(m.words))
+
+
+# ---- propose / release --------------------------------------------------------------------
+
+def encode_propose(c: ProposeBatch) -> pb.ProposeBatch:
+    return pb.ProposeBatch(
+        slots=c.slots,
+        last_tokens=c.last_tokens,
+        positions=c.positions,
+        num_drafts=c.num_drafts,
+        sampling=[encode_sampling(s) for s in c.sampling],
+    )
+
+
+def decode_propose(m: pb.ProposeBatch) -> ProposeBatch:
+    return ProposeBatch(
+        slots=list(m.slots),
+        last_tokens=list(m.last_tokens),
+        positions=list(m.positions),
+        num_drafts=list(m.num_drafts),
+        sampling=[decode_sampling(s) for s in m.sampling],
+    )
+
+
+def encode_propose_result(r: ProposeResult) -> pb.ProposeResult:
+    return pb.ProposeResult(tokens=[t for d in r.drafts for t in d], counts=[len(d) for d in r.drafts])
+
+
+def decode_propose_result(m: pb.ProposeResult) -> ProposeResult:
+    tokens, drafts, at = list(m.tokens), [], 0
+    if sum(m.counts) != len(tokens) or any(c < 0 for c in m.counts):
+        raise ValueError(f"propose result: counts {list(m.counts)} do not cover {len(tokens)} tokens")
+    for c in m.counts:
+        drafts.append(tokens[at : at + c])
+        at += c
+    return ProposeResult(drafts=drafts)
+
+
+def encode_release(slots: list[int]) -> pb.ReleaseRequest:
+    return pb.ReleaseRequest(slots=slots)
+
+
+def decode_release(m: pb.ReleaseRequest) -> list[int]:
+    return list(m.slots)

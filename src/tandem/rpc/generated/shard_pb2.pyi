@@ -1,0 +1,220 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ShardSpec(_message.Message):
+    __slots__ = ("model", "dtype", "device", "num_slots", "max_seq_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    ROW_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    dtype: str
+    device: str
+    num_slots: int
+    max_seq_len: int
+    row_budget: int
+    drafter: str
+    draft_model: str
+    num_speculative_tokens: int
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
+
+class InitRequest(_message.Message):
+    __slots__ = ("spec", "rank", "world_size", "collective_address", "collective_timeout_s", "backend")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    spec: ShardSpec
+    rank: int
+    world_size: int
+    collective_address: str
+    collective_timeout_s: float
+    backend: str
+    def __init__(self, spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., collective_address: _Optional[str] = ..., collective_timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class ShardLimits(_message.Message):
+    __slots__ = ("num_slots", "max_seq_len", "row_budget", "vocab_size", "world_size", "drafter", "propose_batch_max")
+    NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    ROW_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    PROPOSE_BATCH_MAX_FIELD_NUMBER: _ClassVar[int]
+    num_slots: int
+    max_seq_len: int
+    row_budget: int
+    vocab_size: int
+    world_size: int
+    drafter: str
+    propose_batch_max: int
+    def __init__(self, num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., vocab_size: _Optional[int] = ..., world_size: _Optional[int] = ..., drafter: _Optional[str] = ..., propose_batch_max: _Optional[int] = ...) -> None: ...
+
+class InitReply(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: ShardLimits
+    def __init__(self, limits: _Optional[_Union[ShardLimits, _Mapping]] = ...) -> None: ...
+
+class CollectivePortReply(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
+
+class SamplingSpec(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class PrefillItem(_message.Message):
+    __slots__ = ("slot", "tokens", "sampling")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingSpec
+    def __init__(self, slot: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ...) -> None: ...
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PrefillItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[PrefillItem, _Mapping]]] = ...) -> None: ...
+
+class PrefillResult(_message.Message):
+    __slots__ = ("next_tokens",)
+    NEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    next_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, next_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class VerifyBatch(_message.Message):
+    __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    START_POS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    n: int
+    k: int
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    start_pos: _containers.RepeatedScalarFieldContainer[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _containers.RepeatedCompositeFieldContainer[SamplingSpec]
+    def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ...) -> None: ...
+
+class VerifyResult(_message.Message):
+    __slots__ = ("batch_id", "picks", "accept_probs")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    PICKS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    picks: _containers.RepeatedScalarFieldContainer[int]
+    accept_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, batch_id: _Optional[int] = ..., picks: _Optional[_Iterable[int]] = ..., accept_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("batch_id", "words")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    WORDS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    words: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batch_id: _Optional[int] = ..., words: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProposeBatch(_message.Message):
+    __slots__ = ("slots", "last_tokens", "positions", "num_drafts", "sampling")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    last_tokens: _containers.RepeatedScalarFieldContainer[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    num_drafts: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _containers.RepeatedCompositeFieldContainer[SamplingSpec]
+    def __init__(self, slots: _Optional[_Iterable[int]] = ..., last_tokens: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ...) -> None: ...
+
+class ProposeResult(_message.Message):
+    __slots__ = ("tokens", "counts")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("slots",)
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class HealthReply(_message.Message):
+    __slots__ = ("ready", "rank", "world_size", "pid", "busy", "pending_batch_id", "last_verdict_batch_id", "last_verdict_failed", "verdicts", "failed_verdicts")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    PENDING_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_VERDICT_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_VERDICT_FAILED_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    rank: int
+    world_size: int
+    pid: int
+    busy: bool
+    pending_batch_id: int
+    last_verdict_batch_id: int
+    last_verdict_failed: bool
+    verdicts: int
+    failed_verdicts: int
+    def __init__(self, ready: _Optional[bool] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., busy: _Optional[bool] = ..., pending_batch_id: _Optional[int] = ..., last_verdict_batch_id: _Optional[int] = ..., last_verdict_failed: _Optional[bool] = ..., verdicts: _Optional[int] = ..., failed_verdicts: _Optional[int] = ...) -> None: ...
+
+class FaultRequest(_message.Message):
+    __slots__ = ("mode",)
+    class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        NONE: _ClassVar[FaultRequest.Mode]
+        RAISE: _ClassVar[FaultRequest.Mode]
+        HANG: _ClassVar[FaultRequest.Mode]
+        EXIT: _ClassVar[FaultRequest.Mode]
+        SHORT_RESULT: _ClassVar[FaultRequest.Mode]
+    NONE: FaultRequest.Mode
+    RAISE: FaultRequest.Mode
+    HANG: FaultRequest.Mode
+    EXIT: FaultRequest.Mode
+    SHORT_RESULT: FaultRequest.Mode
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    mode: FaultRequest.Mode
+    def __init__(self, mode: _Optional[_Union[FaultRequest.Mode, str]] = ...) -> None: ...

@@ -1,0 +1,261 @@
+"""The shard server: the ShardControl gRPC service around one ModelShard (one rank).
+
+Init builds the rank from the ShardSpec it carries and, for world_size > 1, joins the
+collective group (torch.distributed over tcp://: gloo on the CPU, NCCL on a GPU). The
+rendezvous may take up to the Init deadline; every collective after it fails after
+`collective_timeout_s`, so a rank whose peer died or hangs gives up and answers.
+
+One command runs at a time (a lock); a command that cannot get the lock before its
+deadline is answered UNAVAILABLE. Health never waits. A malformed command (wrong shape,
+unknown slot, empty tokens) is refused with INVALID_ARGUMENT before any state changes,
+and the server keeps serving; any other failure is INTERNAL, with the exception's text.
+
+With fault_injection=True the InjectFault RPC arms a fault for the next verify forward
+(raise, hang or exit half way through the layers, or a short result): the tests' way to
+lose a rank at the worst moment.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import timedelta
+from typing import Callable
+
+import grpc
+import torch
+
+from tandem.errors import ShapeError
+from tandem.rpc import codec
+from tandem.rpc.generated import shard_pb2 as pb
+from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
+from tandem.shard.commands import Verdict
+from tandem.shard.model_shard import ModelShard
+
+log = logging.getLogger("tandem.rpc.server")
+
+# Messages may carry whole prompts; the gRPC default of 4 MiB is too tight for long ones.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+_NO_DEADLINE_WAIT_S = 600.0  # how long a command without a deadline waits for the lock
+_HANG_S = 3600.0  # an injected hang lasts this long (or until the process is stopped)
+
+
+class _Refused(Exception):
+    """Abort the RPC with this status (raised inside a command, turned into a status outside)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class ShardServicer(pb_grpc.ShardControlServicer):
+    def __init__(self, *, fault_injection: bool = False):
+        self.shard: ModelShard | None = None
+        self.rank = 0
+        self.world_size = 1
+        self.fault_injection = fault_injection
+        self._fault = pb.FaultRequest.NONE
+        self._lock = threading.Lock()
+        self._verdicts = 0
+        self._failed_verdicts = 0
+        self._last_verdict: Verdict | None = None
+
+    # ---- RPCs ---------------------------------------------------------------------------
+
+    def Init(self, request, context):
+        return self._command(context, "init", lambda: self._init(request), need_shard=False)
+
+    def CollectivePort(self, request, context):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return pb.CollectivePortReply(port=s.getsockname()[1])
+
+    def Prefill(self, request, context):
+        items = codec.decode_prefill(request)
+        return self._command(context, "prefill", lambda: codec.encode_prefill_result(self.shard.prefill(items)))
+
+    def Verify(self, request, context):
+        cmd = codec.decode_verify(request)
+        return self._command(context, "verify", lambda: self._verify(cmd))
+
+    def Commit(self, request, context):
+        verdict = codec.decode_verdict(request)
+        return self._command(context, "commit", lambda: self._commit(verdict))
+
+    def Propose(self, request, context):
+        cmd = codec.decode_propose(request)
+        return self._command(context, "propose", lambda: codec.encode_propose_result(self.shard.propose(cmd)))
+
+    def Release(self, request, context):
+        slots = codec.decode_release(request)
+        return self._command(context, "release", lambda: self._release(slots))
+
+    def Health(self, request, context):
+        shard, last = self.shard, self._last_verdict
+        pending = shard.pending if shard is not None else None
+        return pb.HealthReply(
+            ready=shard is not None,
+            rank=self.rank,
+            world_size=self.world_size,
+            pid=os.getpid(),
+            busy=self._lock.locked(),
+            pending_batch_id=pending.cmd.batch_id if pending is not None else 0,
+            last_verdict_batch_id=last.batch_id if last is not None else 0,
+            last_verdict_failed=last.failed if last is not None else False,
+            verdicts=self._verdicts,
+            failed_verdicts=self._failed_verdicts,
+        )
+
+    def InjectFault(self, request, context):
+        if not self.fault_injection:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fault injection is off (start the shard with --fault-injection)")
+        self._fault = request.mode
+        log.warning("rank %d: fault %s armed for the next verify", self.rank, pb.FaultRequest.Mode.Name(request.mode))
+        return pb.Empty()
+
+    # ---- commands -----------------------------------------------------------------------
+
+    def _command(self, context, what: str, run: Callable, *, need_shard: bool = True):
+        """Run one command under the lock; map its failure onto a gRPC status."""
+        remaining = context.time_remaining()
+        wait = _NO_DEADLINE_WAIT_S if remaining is None else max(0.0, remaining - 0.05)
+        if not self._lock.acquire(timeout=wait):
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: busy with an earlier command past the {what} deadline")
+        try:
+            if need_shard and self.shard is None:
+                raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{what} before Init")
+            return run()
+        except _Refused as e:
+            code, message = e.code, str(e)
+        except ShapeError as e:
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
+        except Exception as e:  # noqa: BLE001 - the caller gets every failure, with its cause
+            log.exception("rank %d: %s failed", self.rank, what)
+            code, message = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
+        finally:
+            self._lock.release()
+        context.abort(code, message)
+
+    def _init(self, request) -> pb.InitReply:
+        if self.shard is not None:
+            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"rank {self.rank} is already initialised")
+        spec, rank, world = codec.decode_spec(request.spec), request.rank, request.world_size
+        if world < 1 or not 0 <= rank < world:
+            raise ShapeError("0<=rank<world_size", f"rank {rank} of world size {world}")
+        from tandem.shard.factory import build_model_shard, resolve_device
+
+        device = resolve_device(spec.device)
+        if device.type == "cuda" and device.index is None:
+            # one GPU per rank: a process that sees several takes the rank's own
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        spec = replace(spec, device=str(device))
+        tp_group = None
+        if world > 1:
+            tp_group = _join_collective_group(request, device)
+        self.rank, self.world_size = rank, world
+        shard, _ = build_model_shard(spec, rank=rank, world_size=world, tp_group=tp_group, progress=False)
+        self.shard = shard
+        log.info("rank %d/%d ready on %s", rank, world, device)
+        return pb.InitReply(limits=codec.encode_limits(shard.limits))
+
+    def _verify(self, cmd) -> pb.VerifyResult:
+        with self._armed_fault():
+            res = self.shard.verify(cmd)
+        if self._take_fault(pb.FaultRequest.SHORT_RESULT):
+            res = replace(res, picks=res.picks[:-1])
+        return codec.encode_verify_result(res)
+
+    def _commit(self, verdict: Verdict) -> pb.Empty:
+        pending = self.shard.pending
+        if verdict.failed and (pending is None or pending.cmd.batch_id != verdict.batch_id):
+            pass  # this rank's forward failed and kept nothing: nothing to drop
+        else:
+            self.shard.commit(verdict)
+        self._verdicts += 1
+        self._failed_verdicts += verdict.failed
+        self._last_verdict = verdict
+        return pb.Empty()
+
+    def _release(self, slots: list[int]) -> pb.Empty:
+        self.shard.release(slots)
+        return pb.Empty()
+
+    # ---- fault injection ----------------------------------------------------------------
+
+    def _take_fault(self, mode: int) -> bool:
+        if self._fault != mode:
+            return False
+        self._fault = pb.FaultRequest.NONE
+        return True
+
+    @contextmanager
+    def _armed_fault(self):
+        """An armed raise/hang/exit fires in the middle layer of the next verify forward."""
+        if self._fault not in (pb.FaultRequest.RAISE, pb.FaultRequest.HANG, pb.FaultRequest.EXIT):
+            yield
+            return
+        layers = self.shard.model.model.layers
+        handle = layers[len(layers) // 2].register_forward_pre_hook(lambda module, args: self._fire())
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _fire(self) -> None:
+        mode, self._fault = self._fault, pb.FaultRequest.NONE
+        where = f"injected fault on rank {self.rank} half way through the verify forward"
+        log.warning("%s: %s", where, pb.FaultRequest.Mode.Name(mode))
+        if mode == pb.FaultRequest.EXIT:
+            os._exit(17)
+        if mode == pb.FaultRequest.HANG:
+            time.sleep(_HANG_S)  # until the process is stopped
+            raise RuntimeError(f"{where}: hung for {_HANG_S:.0f} s")
+        raise RuntimeError(f"{where}: raise")
+
+
+def _join_collective_group(request, device: torch.device):
+    """Rendezvous at rank 0's address (may take up to the Init deadline), then a group of
+    all ranks whose collectives time out after collective_timeout_s."""
+    import torch.distributed as dist
+
+    backend = request.backend or ("nccl" if device.type == "cuda" else "gloo")
+    collective_timeout = timedelta(seconds=request.collective_timeout_s or 60.0)
+    if dist.is_initialized():
+        raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, "this process already joined a collective group")
+    dist.init_process_group(
+        backend,
+        init_method=request.collective_address,
+        rank=request.rank,
+        world_size=request.world_size,
+        timeout=max(collective_timeout, timedelta(minutes=5)),
+    )
+    return dist.new_group(ranks=list(range(request.world_size)), timeout=collective_timeout, backend=backend)
+
+
+def start_shard_server(bind: str = "127.0.0.1:0", *, fault_injection: bool = False) -> tuple[grpc.Server, str]:
+    """Start a shard server on `bind` (port 0 = any free port); returns it and its address
+    (bind's host with the bound port: a caller that bound 0.0.0.0 substitutes its own IP)."""
+    servicer = ShardServicer(fault_injection=fault_injection)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="shard-rpc"),
+        options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_ShardControlServicer_to_server(servicer, server)
+    port = server.add_insecure_port(bind)
+    if port == 0:
+        raise OSError(f"shard server: cannot bind {bind}")
+    server.start()
+    host = bind.rpartition(":")[0]
+    return server, f"{host}:{port}"

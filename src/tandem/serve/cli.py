@@ -1,0 +1,94 @@
+"""`tandem serve`: a local Ray cluster sized for this machine and the OpenAI app on it.
+
+    tandem serve                         # the default model at http://127.0.0.1:8000
+    tandem serve --shards 2 --port 9000 --api-key secret
+
+Ctrl-C or SIGTERM stops Serve and Ray, then exits 0. To join an existing cluster, give
+--address (as for ray.init); a cluster runs the app from serve_config.yaml instead.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from tandem.serve.args import TandemServeArgs
+
+log = logging.getLogger("tandem.serve")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    fields = TandemServeArgs.model_fields
+    p.add_argument("--model", default=None, help=fields["model"].description)
+    p.add_argument("--served-model-name", default=None, help=fields["served_model_name"].description)
+    p.add_argument("--drafter", default="ngram", choices=["none", "ngram", "draft-model", "dflash"], help=fields["drafter"].description)
+    p.add_argument("--draft-model", default=None, help=fields["draft_model"].description)
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help=fields["num_speculative_tokens"].description)
+    p.add_argument("--shards", "--tensor-parallel-size", dest="shards", type=int, default=1, help=fields["tensor_parallel_size"].description)
+    p.add_argument("--max-num-seqs", type=int, default=32, help=fields["max_num_seqs"].description)
+    p.add_argument("--max-seq-len", type=int, default=1024, help=fields["max_seq_len"].description)
+    p.add_argument("--max-tokens-limit", type=int, default=1024, help=fields["max_tokens_limit"].description)
+    p.add_argument("--device", default="auto", help=fields["device"].description)
+    p.add_argument("--dtype", default="auto", help=fields["dtype"].description)
+    p.add_argument("--gpus-per-shard", type=float, default=None, help="GPUs per shard actor (default: 1 when this machine has a GPU, else 0).")
+    p.add_argument("--host", default="127.0.0.1", help="Address the HTTP server binds (0.0.0.0 to listen on all interfaces).")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port.")
+    p.add_argument("--api-key", default=None, help=fields["api_key"].description)
+    p.add_argument("--address", default=None, help="Join this Ray cluster instead of starting a local one.")
+    p.add_argument("--num-cpus", type=int, default=None, help="Logical CPUs of the local Ray cluster (default: twice the cores, at least 4).")
+
+
+def serve_args(args: argparse.Namespace) -> TandemServeArgs:
+    gpus = args.gpus_per_shard
+    if gpus is None:
+        import torch
+
+        gpus = 1.0 if torch.cuda.is_available() and args.device != "cpu" else 0.0
+    return TandemServeArgs(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        drafter=args.drafter,
+        draft_model=args.draft_model,
+        num_speculative_tokens=args.num_speculative_tokens,
+        tensor_parallel_size=args.shards,
+        max_num_seqs=args.max_num_seqs,
+        max_seq_len=args.max_seq_len,
+        max_tokens_limit=args.max_tokens_limit,
+        device=args.device,
+        dtype=args.dtype,
+        api_key=args.api_key,
+        shard_num_gpus=gpus,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+    from ray import serve
+
+    from tandem.actors.cluster import init_local_ray
+    from tandem.serve.app import build_app
+
+    app_args = serve_args(args)  # validate before starting anything
+    stop = threading.Event()
+    started = init_local_ray(address=args.address, num_cpus=args.num_cpus)
+    # after ray.init, which installs its own SIGTERM handler
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(build_app(app_args), name="tandem", route_prefix="/", blocking=False)
+        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        print(f"tandem: serving {app_args.model or 'smollm2'} at http://{shown}:{args.port}/v1 (Ctrl-C to stop)", flush=True)
+        while not stop.wait(0.5):
+            pass
+        print("tandem: stopping", flush=True)
+        return 0
+    finally:
+        try:
+            serve.shutdown()
+        except Exception as e:  # noqa: BLE001 - stop Ray regardless
+            log.warning("serve shutdown: %s", e)
+        if started:
+            ray.shutdown()
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,208 @@
+"""The OpenAI request bodies tandem accepts, as strict pydantic models, and the
+response / stream-chunk shapes it sends.
+
+Strict: a number sent as a string, an unknown field or a missing one is a 400 naming
+the field. Fields of the OpenAI API that tandem does not implement are accepted only
+with their neutral value (n=1, echo=false, logprobs=null, zero penalties).
+Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.errors import InvalidRequestError
+from tandem.outputs import RequestOutput
+from tandem.sampling_params import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    include_usage: bool = Field(False, description="Send a last chunk with the usage counts.")
+
+
+class _Sampling(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    model: str = Field(description="The served model's id, as GET /v1/models lists it.")
+    max_tokens: int | None = Field(None, description="Most tokens to generate.")
+    temperature: float | None = Field(None, description="0 = greedy; default 1.")
+    top_p: float | None = Field(None, description="Nucleus sampling mass, in (0, 1].")
+    seed: int | None = Field(None, description="Seed of the sampler, for reproducible sampling.")
+    stop: str | list[str] | None = Field(None, description="Up to 4 strings that end the generation (not included).")
+    stream: bool = Field(False, description="Send Server-Sent Events as tokens are produced.")
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, description="Choices per request; only 1 is supported.")
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    user: str | None = None
+    # extensions
+    top_k: int = Field(0, description="Sample from the k most likely tokens (0 = off).")
+    ignore_eos: bool = Field(False, description="Keep generating past the end-of-sequence token.")
+    stop_token_ids: list[int] | None = Field(None, description="Token ids that end the generation.")
+
+    def sampling_params(self, default_max_tokens: int, max_tokens_limit: int) -> SamplingParams:
+        if self.n != 1:
+            raise InvalidRequestError("n", "only n=1 is supported")
+        if self.presence_penalty or self.frequency_penalty:
+            raise InvalidRequestError("presence_penalty" if self.presence_penalty else "frequency_penalty", "penalties are not supported")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options", "only allowed with stream: true")
+        max_tokens = self._max_tokens()
+        if max_tokens is None:
+            max_tokens = default_max_tokens
+        if max_tokens > max_tokens_limit:
+            raise InvalidRequestError("max_tokens", f"{max_tokens} is over this server's limit of {max_tokens_limit}")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 4:
+            raise InvalidRequestError("stop", f"at most 4 stop strings, got {len(stop)}")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=tuple(stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+        )
+
+    def _max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(description="One prompt: text or token ids.")
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise InvalidRequestError("prompt", f"one prompt per request, got {len(p)}")
+            p = p[0]
+        if self.echo:
+            raise InvalidRequestError("echo", "echo is not supported")
+        if self.logprobs is not None:
+            raise InvalidRequestError("logprobs", "logprobs are not supported")
+        if self.suffix:
+            raise InvalidRequestError("suffix", "suffix is not supported")
+        if self.best_of not in (None, 1):
+            raise InvalidRequestError("best_of", "only best_of=1 is supported")
+        return p
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def as_template_input(self) -> dict:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    max_completion_tokens: int | None = Field(None, description="Most tokens to generate (the newer name of max_tokens).")
+    logprobs: bool = False
+
+    @model_validator(mode="after")
+    def _one_max_tokens(self):
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        return self
+
+    def _max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict]:
+        if self.logprobs:
+            raise InvalidRequestError("logprobs", "logprobs are not supported")
+        return [m.as_template_input() for m in self.messages]
+
+
+# ---- responses --------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def finish_reason(out: RequestOutput) -> str | None:
+    """OpenAI's finish_reason ("stop" | "length"); None while running."""
+    if not out.finished:
+        return None
+    return "length" if out.finish_reason == "length" else "stop"
+
+
+def usage(out: RequestOutput) -> dict:
+    u = out.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
+
+
+def completion_response(rid: str, model: str, out: RequestOutput) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": out.text, "logprobs": None, "finish_reason": finish_reason(out)}],
+        "usage": usage(out),
+    }
+
+
+def completion_chunk(rid: str, model: str, created: int, text: str, reason: str | None) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+    }
+
+
+def chat_response(rid: str, model: str, out: RequestOutput) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None, "finish_reason": finish_reason(out)}
+        ],
+        "usage": usage(out),
+    }
+
+
+def chat_chunk(rid: str, model: str, created: int, delta: dict, reason: str | None) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
+    }
+
+
+def usage_chunk(rid: str, model: str, created: int, obj: str, out: RequestOutput) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(out)}
