@@ -14,6 +14,9 @@ class InvalidRequestError(TandemError, ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self):  # pickle by the constructor's arguments (Ray, multiprocessing)
+        return (type(self), (self.field, self.message))
+
 
 class ShapeError(TandemError, ValueError):
     """A verify-batch command breaks one of the shape rules; `rule` names which."""
@@ -21,6 +24,10 @@ class ShapeError(TandemError, ValueError):
     def __init__(self, rule: str, message: str):
         super().__init__(f"{rule}: {message}")
         self.rule = rule
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.rule, self.message))
 
 
 class ShardError(TandemError):
@@ -38,6 +45,9 @@ class ShardError(TandemError):
         self.state_advanced = state_advanced
         self.unhealthy = unhealthy
 
+    def __reduce__(self):
+        return (_rebuild_shard_error, (type(self), str(self), self.state_advanced, self.unhealthy))
+
 
 class EngineUnavailableError(TandemError):
     """The engine cannot take requests right now (its shard group is recovering)."""
@@ -45,3 +55,10 @@ class EngineUnavailableError(TandemError):
     def __init__(self, message: str, retry_after_s: float = 5.0):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.retry_after_s))
+
+
+def _rebuild_shard_error(cls, message, state_advanced, unhealthy):
+    return cls(message, state_advanced=state_advanced, unhealthy=unhealthy)

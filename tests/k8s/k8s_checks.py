@@ -11,8 +11,8 @@ Every YAML document is checked by its (apiVersion, kind):
                                      know is an error, not a skip
 A Serve config (serve_config.yaml, or a RayService's serveConfigV2) must validate as
 Ray's ServeDeploySchema with no field Ray does not know, name an import_path that
-imports to a one-parameter builder, and carry args that the builder's pydantic model
-accepts.
+imports to a one-parameter builder, carry args that the builder's pydantic model
+accepts, and override only deployments that the built app has.
 
 Each check returns a list of error strings (empty = valid), so a test can assert both
 that a good manifest passes and that a broken one is refused. Also a command line:
@@ -254,7 +254,25 @@ def serve_config_errors(config: object, where: str = "serve config") -> list[str
             model.model_validate(app.get("args") or {})
         except ValidationError as e:
             errors += [f"{app_where}.args.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+            continue
+        named = [d.get("name") for d in app.get("deployments") or []]
+        if named:  # Serve refuses a config that overrides a deployment the app does not have
+            built = deployment_names(builder(app.get("args") or {}))
+            errors += [f"{app_where}.deployments: {name!r} is not a deployment of the app (it has {sorted(built)})"
+                       for name in named if name not in built]
     return errors
+
+
+def deployment_names(application) -> set[str]:
+    """Names of the deployments of a bound Serve application (building one starts no Ray)."""
+    from ray.serve.deployment import Application
+
+    names, todo = set(), [application]
+    while todo:
+        deployment = todo.pop()._bound_deployment
+        names.add(deployment.name)
+        todo += [a for a in [*deployment.init_args, *deployment.init_kwargs.values()] if isinstance(a, Application)]
+    return names
 
 
 def main(argv: list[str]) -> int:

@@ -5,14 +5,18 @@ from __future__ import annotations
 import copy
 import filecmp
 import re
+import sys
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import ray
 import yaml
 
-import k8s_checks as checks
-from tandem.model import registry
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # k8s_checks, under any --import-mode
+import k8s_checks as checks  # noqa: E402
+from tandem.model import registry  # noqa: E402
+from tandem.serve.args import TandemServeArgs  # noqa: E402
 
 GPU_MANIFEST = checks.K8S_DIR / "rayservice.yaml"
 CPU_MANIFEST = checks.K8S_DIR / "rayservice-cpu.yaml"
@@ -169,28 +173,53 @@ def test_the_builder_named_by_the_configs_takes_one_arg_validated_by_a_strict_mo
 # --- what the manifests must say -----------------------------------------------------
 
 
-def test_the_gpu_worker_pods_are_sized_for_one_tensor_parallel_group():
-    doc = rayservice(GPU_MANIFEST)
-    args = the_app_args(doc)
-    assert args["device"] in ("cuda", "auto") and args["shard_num_gpus"] == 1
-    gpus_per_group = args["tensor_parallel_size"] * args["shard_num_gpus"]
-    assert gpus_per_group >= 2, "the GPU manifest should show tensor parallelism, not one GPU"
+def ingress_num_cpus(doc) -> float:
+    (app,) = serve_config(doc)["applications"]
+    (override,) = [d for d in app.get("deployments", []) if d["name"] == "tandem-openai"]
+    return override["ray_actor_options"]["num_cpus"]
+
+
+@both
+def test_one_worker_pod_holds_the_whole_app_its_gpus_are_the_tensor_parallel_group(path):
+    doc = rayservice(path)
+    args = TandemServeArgs.model_validate(the_app_args(doc))  # with the defaults filled in
+    gpus = args.tensor_parallel_size * args.shard_num_gpus
+    cpus = args.tensor_parallel_size * args.shard_num_cpus + args.scheduler_num_cpus + ingress_num_cpus(doc)
     workers = [(n, g, c) for n, g, c in pod_groups(doc) if n != "head"]
     assert workers
     for name, group, container in workers:
         resources = container["resources"]
-        assert int(resources["requests"][GPU]) == int(resources["limits"][GPU]) == gpus_per_group, name
-        assert group["rayStartParams"].get("num-gpus", str(gpus_per_group)) == str(gpus_per_group), name
-        cpus = quantity(resources["limits"]["cpu"])
-        assert cpus >= args["tensor_parallel_size"] * args["shard_num_cpus"] + 1, f"{name}: no CPU left for the scheduler"
-        assert any(t.get("key") == GPU for t in group["template"]["spec"].get("tolerations", [])), name
+        if gpus:
+            assert int(resources["requests"][GPU]) == int(resources["limits"][GPU]) == gpus, name
+            assert group["rayStartParams"].get("num-gpus", str(int(gpus))) == str(int(gpus)), name
+            assert any(t.get("key") == GPU for t in group["template"]["spec"].get("tolerations", [])), name
+        ray_cpus = quantity(group["rayStartParams"].get("num-cpus", resources["limits"]["cpu"]))
+        assert ray_cpus >= cpus, f"{name}: Ray gets {ray_cpus} CPUs, the app's actors reserve {cpus}"
+
+
+def test_the_gpu_manifest_shards_the_target_one_gpu_per_rank():
+    args = the_app_args(rayservice(GPU_MANIFEST))
+    assert args["device"] in ("cuda", "auto") and args["shard_num_gpus"] == 1
+    assert args["tensor_parallel_size"] >= 2, "the GPU manifest should show tensor parallelism"
 
 
 @both
-def test_the_head_runs_no_app_actors_and_has_no_gpu(path):
-    (name, head, container), *_ = pod_groups(rayservice(path))
+def test_the_head_runs_no_app_actors_so_the_ingress_and_its_proxy_land_on_a_worker(path):
+    doc = rayservice(path)
+    (name, head, container), *_ = pod_groups(doc)
     assert head["rayStartParams"]["num-cpus"] == "0"
     assert GPU not in str(container["resources"])
+    # The ingress reserves no CPU in code; a 0-CPU actor may go to the head, which would
+    # leave the workers without a Serve proxy and so never Ready.
+    assert ingress_num_cpus(doc) > 0
+    assert checks.deployment_names(checks.import_builder(BUILDER)(the_app_args(doc))) == {"tandem-openai"}
+
+
+def test_overriding_a_deployment_the_app_does_not_have_is_refused():
+    config = serve_config(rayservice(CPU_MANIFEST))
+    config["applications"][0]["deployments"][0]["name"] = "tandem-ingress"
+    errors = checks.serve_config_errors(config)
+    assert len(errors) == 1 and "'tandem-ingress' is not a deployment" in errors[0], errors
 
 
 def test_the_cpu_manifest_serves_the_default_model_with_no_gpu_at_all():

@@ -35,7 +35,7 @@ def start(
     drafter: str = "ngram",
     *,
     name: str | None = None,
-    namespace: str | None = None,
+    namespace: str | None = "tandem",
     served_model_name: str | None = None,
     scheduler_num_cpus: float = 0.25,
     shard_num_gpus: float = 0.0,
@@ -78,8 +78,9 @@ def start(
     return TandemHandle(actor, info)
 
 
-def connect(name: str, namespace: str | None = None) -> "TandemHandle":
-    """A handle on an engine started elsewhere with start(name=...)."""
+def connect(name: str, namespace: str | None = "tandem") -> "TandemHandle":
+    """A handle on an engine started elsewhere with start(name=..., namespace=...) (a served
+    app's engine_actor_name lives in the namespace "tandem")."""
     import ray
 
     actor = ray.get_actor(name, namespace=namespace)

@@ -269,14 +269,21 @@ class GrpcShardGroup:
         """Send `request` (or requests[rank]) to the ranks at once; every rank's reply, in rank order."""
         ranks = list(range(len(self._stubs))) if ranks is None else ranks
         done_at: dict[int, float] = {}
-        calls = []
+        calls: list[grpc.Future | _Reply] = []
         for rank in ranks:
             req = request[rank] if isinstance(request, list) else request
-            call = getattr(self._stubs[rank], method).future(req, timeout=timeout, wait_for_ready=wait_for_ready)
+            try:
+                call = getattr(self._stubs[rank], method).future(req, timeout=timeout, wait_for_ready=wait_for_ready)
+            except ValueError as e:  # a closed channel: the rank cannot be reached
+                calls.append(_Reply(rank, code=grpc.StatusCode.UNAVAILABLE, details=str(e), at=time.monotonic()))
+                continue
             call.add_done_callback(lambda _, rank=rank: done_at.setdefault(rank, time.monotonic()))
             calls.append(call)
         replies = []
         for rank, call in zip(ranks, calls):
+            if isinstance(call, _Reply):
+                replies.append(call)
+                continue
             try:
                 replies.append(_Reply(rank, value=call.result()))
             except grpc.RpcError as e:

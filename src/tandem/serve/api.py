@@ -20,7 +20,6 @@ from typing import Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -54,8 +53,6 @@ def create_app(
     """The FastAPI app serving `backend` under the model id `model_name`."""
     model_name = model_name or backend.model_name
     chat_default = default_chat_max_tokens or max_tokens_limit
-    registry = CollectorRegistry()
-    http_requests = Counter("tandem:http_requests", "HTTP requests by route and status.", ["route", "status"], registry=registry)
     app = FastAPI(title="tandem", description="OpenAI-compatible speculative-decoding server.")
 
     # ---- errors as OpenAI bodies ----------------------------------------------------------
@@ -72,12 +69,6 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, e: RequestValidationError):
         return bad_request(str(e.errors()[0].get("msg", e))).response()
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        response = await call_next(request)
-        http_requests.labels(route=request.url.path, status=str(response.status_code)).inc()
-        return response
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -107,27 +98,32 @@ def create_app(
 
     # ---- generation ---------------------------------------------------------------------
 
-    async def run(req, prompt, messages, stream_chunks) -> Response:
-        """Validate, start the request, and answer with JSON or an SSE stream. Errors before
-        the first output (bad input, recovering) are plain HTTP errors."""
+    async def generate(req, prompt, messages, chunks, as_json) -> Response:
+        """Start the request; answer with JSON (as_json(final output)) or an SSE stream.
+        Errors before the first output (bad input, recovering) are plain HTTP errors."""
+        outputs = None
         try:
             params = req.sampling_params(req_default_max_tokens(req), max_tokens_limit)
             if not req.stream:
                 out = await backend.agenerate(prompt, params, messages=messages)
                 if out.finish_reason == "error":
                     raise generation_failed(out.error)
-                return None, out
+                return JSONResponse(as_json(out))
             outputs = backend.astream(prompt, params, messages=messages)
             first = await outputs.__anext__()
-        except Exception as e:  # noqa: BLE001 - every error becomes an OpenAI error body
-            raise from_exception(e) from None
-        return StreamingResponse(sse(first, outputs, stream_chunks), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}), None
+        except BaseException as e:
+            if outputs is not None:
+                await outputs.aclose()  # aborts the request (a client that went away, say)
+            if isinstance(e, Exception):  # every error becomes an OpenAI error body
+                raise from_exception(e) from None
+            raise
+        return StreamingResponse(sse(first, outputs, chunks, TextDeltas(params.stop)), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     def req_default_max_tokens(req) -> int:
         return 16 if isinstance(req, proto.CompletionRequest) else chat_default
 
-    async def sse(first: RequestOutput, outputs: AsyncIterator[RequestOutput], chunks) -> AsyncIterator[str]:
+    async def sse(first: RequestOutput, outputs: AsyncIterator[RequestOutput], chunks, deltas: "TextDeltas") -> AsyncIterator[str]:
         """data: {...} chunks, then data: [DONE]; a failed request sends an error event and ends."""
         try:
             out = first
@@ -137,7 +133,7 @@ def create_app(
                 if out.finish_reason == "error":
                     yield generation_failed(out.error).sse()
                     return
-                for c in chunks.delta(out):
+                for c in chunks.delta(out, deltas.next(out)):
                     yield _data(c)
                 if out.finished:
                     break
@@ -161,8 +157,8 @@ def create_app(
         except Exception as e:  # noqa: BLE001
             raise from_exception(e) from None
         rid, created = proto.new_id("cmpl"), int(time.time())
-        response, out = await run(req, prompt, None, _CompletionChunks(rid, model_name, created, req.include_usage))
-        return response if response is not None else JSONResponse(proto.completion_response(rid, model_name, out))
+        chunks = _CompletionChunks(rid, model_name, created, req.include_usage)
+        return await generate(req, prompt, None, chunks, lambda out: proto.completion_response(rid, model_name, out))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -172,8 +168,8 @@ def create_app(
         except Exception as e:  # noqa: BLE001
             raise from_exception(e) from None
         rid, created = proto.new_id("chatcmpl"), int(time.time())
-        response, out = await run(req, None, messages, _ChatChunks(rid, model_name, created, req.include_usage))
-        return response if response is not None else JSONResponse(proto.chat_response(rid, model_name, out))
+        chunks = _ChatChunks(rid, model_name, created, req.include_usage)
+        return await generate(req, None, messages, chunks, lambda out: proto.chat_response(rid, model_name, out))
 
     # ---- the rest -----------------------------------------------------------------------
 
@@ -195,9 +191,34 @@ def create_app(
     @app.get("/metrics")
     async def metrics():
         engine = await backend.ametrics()
-        return Response(engine + generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(engine, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+class TextDeltas:
+    """What to send of each output's text: everything new, except a tail that may still
+    turn out to begin a stop string (the final text ends before the stop string, so
+    text sent early could not be taken back)."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.sent = ""
+
+    def next(self, out: RequestOutput) -> str:
+        text = out.text
+        if not out.finished:
+            text = text[: len(text) - self._held_back(text)]
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+    def _held_back(self, text: str) -> int:
+        for k in range(min(len(text), max((len(s) - 1 for s in self.stops), default=0)), 0, -1):
+            if any(s.startswith(text[-k:]) for s in self.stops):
+                return k
+        return 0
 
 
 def _data(obj: dict) -> str:
@@ -213,10 +234,10 @@ class _CompletionChunks:
     def start(self) -> list[dict]:
         return []
 
-    def delta(self, out: RequestOutput) -> list[dict]:
-        if not out.delta_text and not out.finished:
+    def delta(self, out: RequestOutput, text: str) -> list[dict]:
+        if not text and not out.finished:
             return []
-        return [proto.completion_chunk(self.rid, self.model, self.created, out.delta_text, proto.finish_reason(out))]
+        return [proto.completion_chunk(self.rid, self.model, self.created, text, proto.finish_reason(out))]
 
     def end(self, out: RequestOutput) -> list[dict]:
         return [proto.usage_chunk(self.rid, self.model, self.created, self.obj, out)] if self.include_usage else []
@@ -228,10 +249,10 @@ class _ChatChunks(_CompletionChunks):
     def start(self) -> list[dict]:
         return [proto.chat_chunk(self.rid, self.model, self.created, {"role": "assistant", "content": ""}, None)]
 
-    def delta(self, out: RequestOutput) -> list[dict]:
+    def delta(self, out: RequestOutput, text: str) -> list[dict]:
         chunks = []
-        if out.delta_text:
-            chunks.append(proto.chat_chunk(self.rid, self.model, self.created, {"content": out.delta_text}, None))
+        if text:
+            chunks.append(proto.chat_chunk(self.rid, self.model, self.created, {"content": text}, None))
         if out.finished:
             chunks.append(proto.chat_chunk(self.rid, self.model, self.created, {}, proto.finish_reason(out)))
         return chunks

@@ -16,6 +16,8 @@ from tandem.serve.args import TandemServeArgs
 
 log = logging.getLogger("tandem.serve")
 
+ENGINE_NAMESPACE = "tandem"  # where a named scheduler actor (engine_actor_name) lives
+
 
 @serve.ingress()
 class OpenAIIngress:
@@ -34,6 +36,9 @@ class OpenAIIngress:
             shard_num_cpus=a.shard_num_cpus,
             shard_torch_threads=a.shard_torch_threads,
             rpc_deadline_s=a.rpc_deadline_s,
+            in_process_target=a.in_process_target,
+            name=a.engine_actor_name,
+            namespace=ENGINE_NAMESPACE,
             draft_model=a.draft_model,
             num_speculative_tokens=a.num_speculative_tokens,
             max_num_seqs=a.max_num_seqs,
@@ -48,6 +53,11 @@ class OpenAIIngress:
         from tandem.serve.api import create_app
 
         return create_app(self.handle, api_key=self.args.api_key, max_tokens_limit=self.args.max_tokens_limit)
+
+    async def check_health(self) -> None:
+        """Serve's replica health check: raises when the scheduler actor is gone, so Serve
+        replaces this replica (and with it the engine). A recovering engine is healthy."""
+        await self.handle.ahealth()
 
     def __del__(self):
         handle = getattr(self, "handle", None)

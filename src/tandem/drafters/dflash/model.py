@@ -92,6 +92,7 @@ class DFlashConfig:
             "intermediate_size", "vocab_size", "block_size", "num_target_layers", "rms_norm_eps", "rope_theta",
             "rope_scaling", "rope_parameters", "max_position_embeddings", "attention_bias", "dflash_config",
             "target_layer_ids", "mask_token_id", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
+            "architectures", "model_type", "hidden_act", "tie_word_embeddings", "dtype", "torch_dtype",
         }
         return cls(
             hidden_size=d["hidden_size"],

@@ -1,0 +1,48 @@
+"""One local Ray cluster (shared with tests/serve when both run) and ONE engine of two
+shard actors (tensor parallel 2) for the session.
+
+The engine drafts nothing and its row budget is one row, so every running sequence is
+its own verify batch, verified in admission order: a test can tell which batch a lost
+rank fails (see test_shard_kill.py)."""
+from __future__ import annotations
+
+import pytest
+
+TP2_ENGINE_NAME = "tandem-test-tp2"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    from tandem.actors import init_local_ray
+
+    init_local_ray(log_to_driver=False)
+    yield
+
+
+@pytest.fixture(scope="session")
+def tp2(ray_cluster):
+    import tandem.actors as ta
+
+    handle = ta.start(
+        model="smollm2",
+        tensor_parallel=2,
+        drafter="none",
+        num_speculative_tokens=0,
+        row_budget=1,
+        max_num_seqs=4,
+        max_seq_len=512,
+        rpc_deadline_s=6.0,
+        name=TP2_ENGINE_NAME,
+    )
+    yield handle
+    handle.shutdown()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded engine (one in-process rank, n-gram drafting): the reference text."""
+    from tandem.engine import Engine
+
+    engine = Engine.from_config(progress=False, model="smollm2", max_num_seqs=4, max_seq_len=512)
+    yield engine
+    engine.close()

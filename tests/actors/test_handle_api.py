@@ -1,0 +1,76 @@
+"""The Python handle API: generate / stream (blocking and asyncio), chat, errors, and a
+handle used from another Ray task."""
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from tandem.errors import InvalidRequestError
+
+from .conftest import TP2_ENGINE_NAME
+
+
+def test_stream_deltas_join_into_the_generated_text(tp2):
+    full = tp2.generate("The capital of France is", max_tokens=16, temperature=0.0)
+    outs = list(tp2.stream("The capital of France is", max_tokens=16, temperature=0.0))
+    assert "".join(o.delta_text for o in outs) == full.text
+    assert [t for o in outs for t in o.delta_token_ids] == full.token_ids
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert outs[-1].usage == full.usage
+
+
+def test_async_stream_and_generate_agree(tp2):
+    async def run():
+        text = ""
+        async for out in tp2.astream("Once upon a time", max_tokens=10, temperature=0.0):
+            text += out.delta_text
+        return text, (await tp2.agenerate("Once upon a time", max_tokens=10, temperature=0.0)).text
+
+    streamed, generated = asyncio.run(run())
+    assert streamed == generated
+
+
+def test_chat_messages_go_through_the_chat_template(tp2):
+    out = tp2.chat([{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0.0)
+    assert out.text and out.usage.prompt_tokens > 10
+
+
+def test_bad_input_raises_tandems_own_error_naming_the_field(tp2):
+    with pytest.raises(InvalidRequestError) as e:
+        tp2.generate("", max_tokens=4)
+    assert e.value.field == "prompt"
+    with pytest.raises(InvalidRequestError) as e:
+        list(tp2.stream("hi", max_tokens=0))
+    assert e.value.field == "max_tokens"
+    with pytest.raises(TypeError):
+        tp2.generate("hi", max_tokenz=4)
+
+
+def test_leaving_a_stream_early_aborts_the_request(tp2):
+    for out in tp2.stream("Count to one hundred: 1, 2, 3,", max_tokens=200, temperature=0.0):
+        break
+    import time
+
+    deadline = time.monotonic() + 10
+    while tp2.health()["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert tp2.health()["running"] == 0
+
+
+def test_a_handle_works_from_another_ray_task_and_by_name(tp2):
+    import ray
+    from ray import cloudpickle
+
+    from tandem.actors import connect
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    @ray.remote(num_cpus=0)
+    def use(handle):
+        return handle.generate("The capital of France is", max_tokens=6, temperature=0.0).text
+
+    expected = tp2.generate("The capital of France is", max_tokens=6, temperature=0.0).text
+    assert ray.get(use.remote(tp2)) == expected
+    assert connect(TP2_ENGINE_NAME).generate("The capital of France is", max_tokens=6, temperature=0.0).text == expected

@@ -1,0 +1,121 @@
+"""Greedy output with DFlash drafts equals the target's own greedy output, token for token.
+
+Any drafter weights must keep it exact: a randomly initialised drafter on a tiny random
+target (most drafts rejected), and the trained drafter shipped for the default model on
+the default model (most drafts accepted), at batch 1, 4 and 16, requests joining midway.
+"""
+from __future__ import annotations
+
+import pytest
+
+from dflash_tiny import SLOTS, DigitsTokenizer, random_dflash, random_prompts, tiny_shard
+from tandem.config import EngineConfig
+from tandem.engine import Engine
+from tandem.sampling_params import SamplingParams
+from tandem.shard.local_group import LocalShardGroup
+
+MAX_TOKENS = 24
+
+
+def run_joining_midway(engine, prompts, params):
+    """Half the requests start, the engine ticks a few times, then the rest join."""
+    half = max(1, len(prompts) // 2)
+    ids = [engine.add_request(p, params) for p in prompts[:half]]
+    final = {}
+    for _ in range(3):
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    ids += [engine.add_request(p, params) for p in prompts[half:]]
+    while len(final) < len(ids):
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    return [final[i] for i in ids]
+
+
+def tiny_engine(shard, drafter: str, batch: int, **cfg) -> Engine:
+    config = EngineConfig(drafter=drafter, max_num_seqs=batch, max_seq_len=shard.cache.max_seq_len,
+                          row_budget=shard.rules.row_budget, **cfg)
+    return Engine(LocalShardGroup(shard), DigitsTokenizer(), eos_token_ids=(), config=config)
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(target):
+    engine = tiny_engine(tiny_shard(target, None), "none", SLOTS)
+    prompts = random_prompts(16, seed=21)
+    outs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    return prompts, [o.token_ids for o in outs]
+
+
+@pytest.mark.parametrize("batch, adaptive", [(1, False), (4, False), (16, False), (4, True)])
+def test_a_random_drafter_keeps_greedy_output_exact(batch, adaptive, target, tiny_reference):
+    prompts, want = tiny_reference
+    shard = tiny_shard(target, random_dflash(seed=batch))
+    engine = tiny_engine(shard, "dflash", batch, num_speculative_tokens=5, adaptive=adaptive)
+    outs = run_joining_midway(engine, prompts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == want[:batch]
+    assert sum(o.num_draft_tokens for o in outs) > 0, "no drafts were verified"
+
+
+def test_sampling_with_a_random_drafter_runs_and_is_seeded(target):
+    shard = tiny_shard(target, random_dflash(seed=2))
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, top_k=20, seed=5)
+    prompts = random_prompts(4, seed=22)
+    first = tiny_engine(shard, "dflash", 4, num_speculative_tokens=5, adaptive=False).generate(prompts, params)
+    again = tiny_engine(shard, "dflash", 4, num_speculative_tokens=5, adaptive=False).generate(prompts, params)
+    assert all(len(o.token_ids) == MAX_TOKENS for o in first)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+
+
+# ---- the default model with the shipped, trained drafter ---------------------------------
+
+CHATS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how rainbows form.",
+    "List three tips for staying focused while studying.",
+    "What is the capital of France?",
+    "Write a Python function that returns the squares of a list of numbers.",
+    "Describe a sunny afternoon in a park.",
+    "Why do leaves change color in autumn?",
+    "Give me a recipe for a simple salad.",
+    "What are the benefits of drinking water?",
+    "Write a haiku about the sea.",
+    "Explain what a noun is.",
+    "How do airplanes fly?",
+    "Tell me a fun fact about octopuses.",
+    "Write a thank-you note to a teacher.",
+    "What is 12 times 11?",
+    "Summarize the story of Cinderella in two sentences.",
+]
+
+
+@pytest.fixture(scope="module")
+def default_group(default_model):
+    from tandem.shard.factory import ShardSpec, build_model_shard
+
+    spec = ShardSpec(num_slots=16, max_seq_len=256, row_budget=128, device="cpu", dtype="float32", drafter="dflash")
+    shard, _ = build_model_shard(spec, loaded=default_model, progress=False)
+    return LocalShardGroup(shard)
+
+
+@pytest.fixture(scope="module")
+def default_reference(default_model, default_group):
+    engine = Engine(default_group, default_model.tokenizer, default_model.eos_token_ids,
+                    EngineConfig(drafter="none", max_num_seqs=16, max_seq_len=256, row_budget=128))
+    texts = [engine.chat_prompt([{"role": "user", "content": c}]) for c in CHATS]
+    return texts, [o.token_ids for o in engine.generate(texts, SamplingParams(max_tokens=MAX_TOKENS))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_the_trained_drafter_keeps_greedy_output_exact_and_is_accepted(batch, default_model, default_group, default_reference):
+    texts, want = default_reference
+    engine = Engine(default_group, default_model.tokenizer, default_model.eos_token_ids,
+                    EngineConfig(drafter="dflash", max_num_seqs=batch, max_seq_len=256, row_budget=128,
+                                 num_speculative_tokens=7, adaptive=False))
+    outs = run_joining_midway(engine, texts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == want[:batch]
+    rounds = sum(o.num_drafts for o in outs)
+    acceptance_length = 1 + sum(o.num_accepted_tokens for o in outs) / rounds
+    assert acceptance_length > 2.0, f"the shipped drafter accepts little: {acceptance_length:.2f}"

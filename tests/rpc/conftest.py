@@ -1,0 +1,40 @@
+"""Fixtures of the gRPC shard tests: a tiny random Llama folder, an in-process shard server."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A 2-layer random Llama (vocab 128, 4 q heads over 2 kv heads), as a model folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def shard_server():
+    """Factory: an in-process shard server -> (its stub, its address); stopped after the test."""
+    from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
+    from tandem.rpc.server import start_shard_server
+
+    started = []
+
+    def start(fault_injection: bool = False):
+        server, address = start_shard_server("127.0.0.1:0", fault_injection=fault_injection)
+        channel = grpc.insecure_channel(address)
+        started.append((server, channel))
+        return pb_grpc.ShardControlStub(channel), address
+
+    yield start
+    for server, channel in started:
+        channel.close()
+        server.stop(grace=None)

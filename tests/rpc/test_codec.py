@@ -1,0 +1,90 @@
+"""The codec maps every command and result onto shard.proto and back unchanged, and the
+committed stubs are what protoc makes of the proto."""
+from __future__ import annotations
+
+import pytest
+
+from tandem.rpc import codec
+from tandem.rpc.generated import shard_pb2 as pb
+from tandem.shard.commands import (
+    GREEDY,
+    PrefillItem,
+    PrefillResult,
+    ProposeBatch,
+    ProposeResult,
+    SamplingSpec,
+    ShardLimits,
+    Verdict,
+    VerifyBatch,
+    VerifyResult,
+    failed_verdict,
+)
+from tandem.shard.factory import ShardSpec
+
+SAMPLED = SamplingSpec(temperature=0.7, top_p=0.9, top_k=50, seed=(1 << 63) - 5)
+
+
+def through_the_wire(msg):
+    """Serialize and parse again, as a message crossing gRPC would be."""
+    return type(msg).FromString(msg.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "value, encode, decode",
+    [
+        (ShardSpec(), codec.encode_spec, codec.decode_spec),
+        (ShardSpec(model="some/model", dtype="bfloat16", device="cuda:1", num_slots=3, max_seq_len=99, row_budget=17,
+                   drafter="draft-model", draft_model="smollm2", num_speculative_tokens=6), codec.encode_spec, codec.decode_spec),
+        (ShardLimits(num_slots=8, max_seq_len=256, row_budget=64, vocab_size=49152, world_size=2, drafter="dflash",
+                     propose_batch_max=16), codec.encode_limits, codec.decode_limits),
+        ([PrefillItem(3, [1, 2, 3]), PrefillItem(0, [49151], SAMPLED)], codec.encode_prefill, codec.decode_prefill),
+        (PrefillResult(next_tokens=[5, 0, 49151]), codec.encode_prefill_result, codec.decode_prefill_result),
+        (VerifyBatch(batch_id=(1 << 40) + 7, n=2, k=3, slots=[4, 1], start_pos=[10, 0], tokens=[1, 2, 3, 4, 5, 6],
+                     sampling=[GREEDY, SAMPLED]), codec.encode_verify, codec.decode_verify),
+        (VerifyResult(batch_id=9, picks=[7, 8, 9, 10], accept_probs=[1.0, 0.0, 0.5, 0.25]),
+         codec.encode_verify_result, codec.decode_verify_result),
+        (Verdict(batch_id=9, words=[1, 4, 2]), codec.encode_verdict, codec.decode_verdict),
+        (ProposeBatch(slots=[2, 0], last_tokens=[11, 12], positions=[30, 4], num_drafts=[4, 0], sampling=[SAMPLED, GREEDY]),
+         codec.encode_propose, codec.decode_propose),
+        (ProposeResult(drafts=[[1, 2, 3], [], [4]]), codec.encode_propose_result, codec.decode_propose_result),
+        ([5, 0, 2], codec.encode_release, codec.decode_release),
+    ],
+    ids=lambda v: type(v).__name__ if not callable(v) else "",
+)
+def test_every_message_survives_a_round_trip_unchanged(value, encode, decode):
+    assert decode(through_the_wire(encode(value))) == value
+
+
+def test_sampling_floats_travel_exactly_and_the_seed_modulo_2_64():
+    odd = SamplingSpec(temperature=0.123456789012345, top_p=0.987654321, top_k=3, seed=-1)
+    back = codec.decode_sampling(through_the_wire(codec.encode_sampling(odd)))
+    assert (back.temperature, back.top_p, back.top_k) == (odd.temperature, odd.top_p, odd.top_k)
+    assert back.seed == (1 << 64) - 1  # what the counter-based sampler makes of -1 anyway
+
+
+def test_the_failed_verdict_is_n_zero_words_and_reads_back_as_failed():
+    msg = through_the_wire(codec.encode_verdict(failed_verdict(42, 3)))
+    assert (msg.batch_id, list(msg.words)) == (42, [0, 0, 0])
+    back = codec.decode_verdict(msg)
+    assert back.failed and back == Verdict(42, [0, 0, 0])
+    assert not codec.decode_verdict(through_the_wire(codec.encode_verdict(Verdict(42, [0, 1, 0])))).failed
+
+
+def test_token_lists_are_packed_so_a_verify_of_8_by_5_stays_small():
+    cmd = VerifyBatch(batch_id=123456, n=8, k=5, slots=list(range(8)), start_pos=[500] * 8,
+                      tokens=[49000 + i for i in range(40)], sampling=[SamplingSpec(seed=(1 << 62) + i) for i in range(8)])
+    assert len(codec.encode_verify(cmd).SerializeToString()) < 260
+    res = VerifyResult(batch_id=123456, picks=[49000] * 40, accept_probs=[1.0] * 40)
+    assert len(codec.encode_verify_result(res).SerializeToString()) < 300
+
+
+def test_a_propose_result_whose_counts_do_not_cover_its_tokens_is_refused():
+    with pytest.raises(ValueError, match="counts"):
+        codec.decode_propose_result(pb.ProposeResult(tokens=[1, 2, 3], counts=[1, 1]))
+
+
+def test_the_committed_stubs_are_what_the_proto_generates():
+    pytest.importorskip("grpc_tools")
+    from tandem.rpc import regen
+
+    assert regen.main(["--check"]) == 0

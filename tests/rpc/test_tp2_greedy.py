@@ -1,0 +1,70 @@
+"""Two shard processes (tensor parallel 2 over gloo, driven over gRPC) decode greedily
+exactly as one in-process rank does, with the scheduler's n-gram drafter and with the
+rank-side draft-model drafter, at batch 1 and batch 8.
+
+One TP2 group serves both drafters: it is built with the draft-model drafter on rank 0,
+which the n-gram engine simply never asks to propose.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tandem.config import EngineConfig
+from tandem.engine import Engine
+from tandem.rpc.grpc_group import GrpcShardGroup
+from tandem.rpc.launcher import ProcessLauncher
+from tandem.sampling_params import SamplingParams
+from tandem.shard.factory import build_model_shard
+from tandem.shard.local_group import LocalShardGroup
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [  # the first repeats itself, so the n-gram drafter has drafts even at batch 1
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def fibonacci(n):",
+    "List the days of the week: Monday, Tuesday,",
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 4, 5, 6,",
+    "The capital of France is",
+    "Water boils at",
+    "import numpy as np\nimport",
+]
+PARAMS = SamplingParams(max_tokens=24, temperature=0.0)
+CASES = [("ngram", 1), ("ngram", 8), ("draft-model", 1), ("draft-model", 8)]
+
+
+def config(drafter: str) -> EngineConfig:
+    return EngineConfig(drafter=drafter, draft_model="smollm2", max_num_seqs=8, max_seq_len=128, row_budget=64,
+                        num_speculative_tokens=4)
+
+
+def run(group, model, drafter: str, batch: int):
+    engine = Engine(group, model.tokenizer, model.eos_token_ids, config(drafter))
+    outs = engine.generate(PROMPTS[:batch], PARAMS)
+    assert all(o.finish_reason in ("length", "stop") for o in outs), [o.error for o in outs]
+    return [o.token_ids for o in outs], sum(o.num_accepted_tokens for o in outs)
+
+
+@pytest.fixture(scope="module")
+def one_rank(default_model):
+    """Every case on one in-process rank: (drafter, batch) -> (token ids, accepted drafts)."""
+    shard, _ = build_model_shard(config("draft-model").shard_spec(), loaded=default_model, progress=False)
+    group = LocalShardGroup(shard)
+    return {(d, b): run(group, default_model, d, b) for d, b in CASES}
+
+
+@pytest.fixture(scope="module")
+def tp2_group(one_rank):  # after the one-rank runs, so the two ranks get the cores to themselves
+    group = GrpcShardGroup(config("draft-model").shard_spec(), ProcessLauncher(2), deadline_s=60)
+    yield group
+    group.close()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("drafter, batch", CASES)
+def test_two_grpc_ranks_decode_greedily_token_for_token_like_one_rank(drafter, batch, one_rank, tp2_group, default_model):
+    assert tp2_group.limits.world_size == 2
+    ids, accepted = run(tp2_group, default_model, drafter, batch)
+    want, want_accepted = one_rank[(drafter, batch)]
+    assert ids == want
+    assert accepted > 0, "drafts were accepted, so multi-row verify batches crossed the wire"

@@ -1,0 +1,92 @@
+"""ONE local Ray cluster and ONE served app for the whole session (starting them takes
+most of these tests' time): the default model, one shard actor, n-gram drafting."""
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+import pytest
+
+APP_ENGINE_NAME = "tandem-test-app"
+MAX_TOKENS_LIMIT = 256
+
+
+@dataclass
+class Server:
+    base_url: str  # http://127.0.0.1:PORT
+    model: str
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    from tandem.actors import init_local_ray
+
+    init_local_ray(log_to_driver=False)
+    yield
+    # Ray's own exit hook stops the cluster (and Serve with it) when the session ends.
+
+
+@pytest.fixture(scope="session")
+def server(ray_cluster) -> Server:
+    import httpx
+    from ray import serve
+
+    from tandem.serve import build_app
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build_app({
+        "model": "smollm2",
+        "drafter": "ngram",
+        "max_num_seqs": 8,
+        "max_seq_len": 512,
+        "max_tokens_limit": MAX_TOKENS_LIMIT,
+        "rpc_deadline_s": 10.0,
+        "engine_actor_name": APP_ENGINE_NAME,
+    })
+    serve.run(app, name="tandem", route_prefix="/", blocking=False)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    else:
+        pytest.fail("the served app did not become healthy within 300 s")
+    yield Server(base, "smollm2")
+    serve.delete("tandem")
+
+
+@pytest.fixture(scope="session")
+def openai_client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+def wait_healthy(server: Server, timeout_s: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(server.base_url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the app did not become healthy within {timeout_s:.0f} s")

@@ -1,0 +1,56 @@
+"""A lost shard actor behind the HTTP app: 503 + Retry-After while the group recovers
+(never a hang), and the app serves again afterwards."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from .conftest import APP_ENGINE_NAME, wait_healthy
+
+
+def test_requests_get_503_with_retry_after_while_the_shard_group_recovers(server):
+    import ray
+
+    from tandem.actors import connect
+
+    body = {"model": server.model, "prompt": "The capital of Italy is", "max_tokens": 8, "temperature": 0}
+    before = httpx.post(f"{server.v1}/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+    handle = connect(APP_ENGINE_NAME)
+    (shard,) = handle.shard_actors()
+    ray.kill(shard)
+
+    # The engine learns of the loss from the next command: this request's prefill meets
+    # the dead rank, waits for the restart and then runs.
+    first: dict = {}
+
+    def waiting_request():
+        first["response"] = httpx.post(f"{server.v1}/completions", json=body, timeout=180)
+
+    t = threading.Thread(target=waiting_request)
+    t.start()
+
+    deadline = time.monotonic() + 60
+    while httpx.get(server.base_url + "/health", timeout=10).status_code != 503:
+        assert time.monotonic() < deadline and t.is_alive(), "the app never reported the recovery"
+        time.sleep(0.05)
+
+    t0 = time.monotonic()
+    r = httpx.post(f"{server.v1}/completions", json=body, timeout=30)
+    assert time.monotonic() - t0 < 10, "a request during recovery must not hang"
+    assert r.status_code == 503, r.text
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "recovering"
+    stream = httpx.post(f"{server.v1}/completions", json={**body, "stream": True}, timeout=30)
+    assert stream.status_code == 503
+
+    t.join(180)
+    assert first["response"].status_code == 200, first["response"].text
+    assert first["response"].json()["choices"][0]["text"] == before
+
+    wait_healthy(server)
+    after = httpx.post(f"{server.v1}/completions", json=body, timeout=60)
+    assert after.status_code == 200 and after.json()["choices"][0]["text"] == before
+    assert handle.health()["restarts"] >= 1
