@@ -84,16 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ticks", type=int, default=400, help="timed ticks per group (default %(default)s)")
     parser.add_argument("--no-tp2", action="store_true", help="skip the two-rank group")
     args = parser.parse_args(argv)
-    threads = max(1, len(os.sched_getaffinity(0)))
-    torch.set_num_threads(threads)  # as many as the one-rank shard process gets
+    torch.set_num_threads(1)  # the tiny forward gains nothing from more; every rank gets 1 too
 
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         spec = ShardSpec(model=tiny_model(tmp), num_slots=N, max_seq_len=PROMPT_LEN + TICKS_PER_ROUND + K + 1,
                          row_budget=64, dtype="float32", device="cpu")
         groups = {"in-process (LocalShardGroup)": LocalShardGroup(build_model_shard(spec, progress=False)[0])}
-        groups["gRPC, 1 shard process"] = GrpcShardGroup(spec, ProcessLauncher(1), deadline_s=30)
+        groups["gRPC, 1 shard process"] = GrpcShardGroup(spec, ProcessLauncher(1, threads_per_rank=1), deadline_s=30)
         if not args.no_tp2:
-            groups["gRPC, 2 shard processes (TP2)"] = GrpcShardGroup(spec, ProcessLauncher(2), deadline_s=30)
+            groups["gRPC, 2 shard processes (TP2)"] = GrpcShardGroup(spec, ProcessLauncher(2, threads_per_rank=1), deadline_s=30)
         try:
             from itertools import count
 
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     local = medians["in-process (LocalShardGroup)"]
     overhead = medians["gRPC, 1 shard process"] - local
     print(f"control-path cost per tick: verify n={N} x k={K} + verdict, {rounds * TICKS_PER_ROUND} ticks per group, "
-          f"tiny 2-layer target, loopback, {threads} CPU threads")
+          "tiny 2-layer target, loopback, 1 CPU thread a rank")
     print(f"{'group':34s} {'median ms':>10s} {'p90 ms':>8s} {'over local':>11s}")
     for name, t in times.items():
         p90 = statistics.quantiles(t, n=10)[-1]

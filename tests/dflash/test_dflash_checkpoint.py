@@ -163,3 +163,27 @@ def test_save_then_load_keeps_the_drafts(tmp_path, target):
         drafts.append(shard.propose(ProposeBatch(slots=[0], last_tokens=[last], positions=[len(prompt)],
                                                  num_drafts=[8], sampling=[GREEDY])).drafts[0])
     assert drafts[0] == drafts[1]
+
+
+def test_a_draft_vocabulary_limits_the_drafts_and_survives_save_and_load(tmp_path, target):
+    from tandem.drafters.dflash import DFlashDraftModel
+    from dflash_tiny import tiny_dflash_config
+
+    config = replace(tiny_dflash_config(), draft_vocab_size=20)
+    draft = DFlashDraftModel(config).init_weights(7, std=0.3).eval()
+    draft.draft_vocab.copy_(torch.arange(40, 80, 2))
+    save_dflash_checkpoint(draft, str(tmp_path / "dv"))
+    again = load_dflash_checkpoint(str(tmp_path / "dv"))
+    assert again.draft_vocab.dtype == torch.long and torch.equal(again.draft_vocab, draft.draft_vocab)
+    shard = tiny_shard(target, again)
+    prompts = random_prompts(3, seed=8)
+    res = shard.prefill([PrefillItem(slot=s, tokens=p) for s, p in enumerate(prompts)])
+    from tandem.shard.commands import SamplingSpec
+
+    spec = SamplingSpec(temperature=1.0, seed=3)
+    drafts = shard.propose(ProposeBatch(slots=[0, 1, 2], last_tokens=res.next_tokens, positions=[len(p) for p in prompts],
+                                        num_drafts=[4] * 3, sampling=[GREEDY, spec, GREEDY])).drafts
+    allowed = set(range(40, 80, 2))
+    assert all(t in allowed for d in drafts for t in d)
+    q = shard._drafts[1][1]
+    assert q.shape == (4, VOCAB) and torch.allclose(q.sum(-1), torch.ones(4)) and q[:, 41].sum() == 0

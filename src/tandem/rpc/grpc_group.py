@@ -266,21 +266,36 @@ class GrpcShardGroup:
 
     def _fan_out(self, method: str, request, timeout: float, *, ranks: list[int] | None = None,
                  wait_for_ready: bool = False) -> list[_Reply]:
-        """Send `request` (or requests[rank]) to the ranks at once; every rank's reply, in rank order."""
+        """Send `request` (or requests[rank]) to the ranks at once; every rank's reply, in rank order.
+
+        The other ranks get futures; the first is called blocking from this thread, which
+        saves a thread hop on the path the scheduler waits for."""
         ranks = list(range(len(self._stubs))) if ranks is None else ranks
         done_at: dict[int, float] = {}
-        calls: list[grpc.Future | _Reply] = []
-        for rank in ranks:
-            req = request[rank] if isinstance(request, list) else request
+
+        def payload(rank: int):
+            return request[rank] if isinstance(request, list) else request
+
+        calls: dict[int, grpc.Future | _Reply] = {}
+        for rank in ranks[1:]:
             try:
-                call = getattr(self._stubs[rank], method).future(req, timeout=timeout, wait_for_ready=wait_for_ready)
+                call = getattr(self._stubs[rank], method).future(payload(rank), timeout=timeout, wait_for_ready=wait_for_ready)
             except ValueError as e:  # a closed channel: the rank cannot be reached
-                calls.append(_Reply(rank, code=grpc.StatusCode.UNAVAILABLE, details=str(e), at=time.monotonic()))
+                calls[rank] = _Reply(rank, code=grpc.StatusCode.UNAVAILABLE, details=str(e), at=time.monotonic())
                 continue
             call.add_done_callback(lambda _, rank=rank: done_at.setdefault(rank, time.monotonic()))
-            calls.append(call)
+            calls[rank] = call
+        first = ranks[0]
+        try:
+            calls[first] = _Reply(first, value=getattr(self._stubs[first], method)(
+                payload(first), timeout=timeout, wait_for_ready=wait_for_ready))
+        except grpc.RpcError as e:
+            calls[first] = _Reply(first, code=e.code(), details=e.details() or "", at=time.monotonic())
+        except ValueError as e:
+            calls[first] = _Reply(first, code=grpc.StatusCode.UNAVAILABLE, details=str(e), at=time.monotonic())
         replies = []
-        for rank, call in zip(ranks, calls):
+        for rank in ranks:
+            call = calls[rank]
             if isinstance(call, _Reply):
                 replies.append(call)
                 continue

@@ -4,7 +4,8 @@ config.json holds Qwen3-style keys (hidden_size, num_hidden_layers, ...) and the
 ones (block_size, dflash_config: {target_layer_ids, mask_token_id}); the tensors are
 named `layers.N.self_attn.q_proj.weight`, ..., `fc.weight`, `hidden_norm.weight`,
 `norm.weight` (a `model.` prefix is accepted too). The embedding and LM head are the
-target's and are not stored.
+target's and are not stored. tandem's own checkpoints may add `draft_vocab` (int64 token
+ids, with config key draft_vocab_size): the drafter then scores only those rows of the head.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def load_dflash_checkpoint(folder: str, *, dtype: torch.dtype = torch.float32,
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise ValueError(f"DFlash checkpoint {folder!r}: missing tensors {missing[:8]}, unexpected {unexpected[:8]}")
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim))
     model.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
@@ -69,5 +70,6 @@ def save_dflash_checkpoint(model: DFlashDraftModel, folder: str, *, dtype: torch
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
-    state = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(device="cpu", dtype=dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in model.state_dict().items()}
     save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})

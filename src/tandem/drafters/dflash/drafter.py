@@ -52,6 +52,10 @@ class DFlashDrafter:
         self.dtype = next(model.parameters()).dtype
         shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
         # ctx_k[layer], ctx_v[layer]: [slots, hkv, max_seq_len, d]; valid below written[slot]
+        # the LM head rows drafts may come from: all, or the checkpoint's draft vocabulary
+        vocab = getattr(model, "draft_vocab", None)
+        self.draft_vocab = vocab.to(self.device) if vocab is not None else None
+        self.head = target.lm_head if vocab is None else target.lm_head.weight[self.draft_vocab].clone()
         self.ctx_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
         self.ctx_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
         self.written = [0] * num_slots  # context positions in the cache
@@ -106,15 +110,20 @@ class DFlashDrafter:
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
         hidden = self.model.block_hidden(x.to(self.dtype), positions, ctx_k, ctx_v, mask[:, None])
-        logits = self.model.logits(hidden[:, 1:], self.target.lm_head)  # [n, B-1, V] float32
-        drafts = logits.argmax(dim=-1).tolist()
+        logits = self.model.logits(hidden[:, 1:], self.head)  # [n, B-1, V or draft vocab] float32
+        picks = logits.argmax(dim=-1)
+        drafts = (picks if self.draft_vocab is None else self.draft_vocab[picks]).tolist()
         q_out: list[torch.Tensor | None] = [None] * n
         for i, spec in enumerate(sampling):
             g = min(num_drafts[i], B - 1)
             if not spec.greedy and g > 0:
-                q = filtered_probs(logits[i, :g], spec.temperature, spec.top_p, spec.top_k)  # [g, V]
+                q = filtered_probs(logits[i, :g], spec.temperature, spec.top_p, spec.top_k)  # [g, V']
                 keys = [row_key(spec.seed, len(histories[i]) + 1 + j, STREAM_DRAFT) for j in range(g)]
-                drafts[i] = sample_rows(q, keys).tolist()
+                picked = sample_rows(q, keys)
+                if self.draft_vocab is not None:  # q over the whole vocabulary: 0 outside the draft vocab
+                    picked = self.draft_vocab[picked]
+                    q = torch.zeros(g, self.model.config.vocab_size, device=q.device).index_copy_(1, self.draft_vocab, q)
+                drafts[i] = picked.tolist()
                 q_out[i] = q
         return [d[: max(0, min(g, B - 1))] for d, g in zip(drafts, num_drafts)], q_out
 

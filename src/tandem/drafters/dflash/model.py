@@ -41,6 +41,9 @@ class DFlashConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    # tandem's extension: drafts come from these many token ids only (the tensor
+    # `draft_vocab`), which cuts the LM head the drafter runs; None = the whole vocabulary
+    draft_vocab_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # unknown-to-us keys, kept on save
 
     def __post_init__(self) -> None:
@@ -93,6 +96,7 @@ class DFlashConfig:
             "rope_scaling", "rope_parameters", "max_position_embeddings", "attention_bias", "dflash_config",
             "target_layer_ids", "mask_token_id", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
             "architectures", "model_type", "hidden_act", "tie_word_embeddings", "dtype", "torch_dtype",
+            "draft_vocab_size",
         }
         return cls(
             hidden_size=d["hidden_size"],
@@ -113,6 +117,7 @@ class DFlashConfig:
             input_embedding_scale=float(draft("input_embedding_scale", 1.0)),
             output_multiplier=float(draft("output_multiplier", 1.0)),
             final_logit_softcapping=draft("final_logit_softcapping"),
+            draft_vocab_size=draft("draft_vocab_size"),
             extra={k: v for k, v in d.items() if k not in known},
         )
 
@@ -139,7 +144,7 @@ class DFlashConfig:
             block_size=self.block_size,
             dflash_config={"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id},
         )
-        for name in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):
+        for name in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping", "draft_vocab_size"):
             value = getattr(self, name)
             if value not in (None, 1.0):
                 d[name] = value
@@ -245,6 +250,8 @@ class DFlashDraftModel(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        if c.draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.arange(c.draft_vocab_size, dtype=torch.long))
 
     @property
     def block_size(self) -> int:
@@ -287,9 +294,9 @@ class DFlashDraftModel(nn.Module):
             x = layer(x, cos, sin, k, v, mask)
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """The drafts' logits through the target's LM head, float32."""
-        logits = lm_head(hidden).float()
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module | torch.Tensor) -> torch.Tensor:
+        """The drafts' logits through the target's LM head (or rows of its weight), float32."""
+        logits = (F.linear(hidden, lm_head) if isinstance(lm_head, torch.Tensor) else lm_head(hidden)).float()
         c = self.config
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
