@@ -88,7 +88,9 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     engine = Engine(LocalShardGroup(shard), loaded.tokenizer, loaded.eos_token_ids, config, model_name=loaded.name)
     texts = [engine.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
     params = SamplingParams(max_tokens=max_tokens)
-    engine.generate(texts[-2:], SamplingParams(max_tokens=16))  # warm-up: kernels, allocator
+    # Warm-up on the largest batch for the whole length: the allocator's blocks and the
+    # kernels' first calls, which would otherwise land on whichever run comes first.
+    engine.generate(texts[-slots:], params)
     rows = []
     for b in batches:
         n = max(b, requests) if b == 1 else b
@@ -131,6 +133,9 @@ def main(argv=None) -> int:
                            dtype=args.dtype, adaptive=not args.no_adaptive, dflash_checkpoint=args.dflash_checkpoint,
                            loaded=loaded, model=args.model)
         table += rows
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": [{k: v for k, v in r.items() if k != "token_ids"} for r in table]}, f, indent=1)
         for r in rows:
             print(f"{drafter:>7} batch {r['batch']:>3}: {r['tokens_per_s']:8.1f} tok/s  acceptance length "
                   f"{r['acceptance_length'] or '-'}", flush=True)

@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter", default="ngram")
     ap.add_argument("--shards", type=int, default=1, help="tensor parallel ranks of the served engine (shard actors)")
     ap.add_argument("--in-process-target", action="store_true", help="serve with the rank inside the scheduler actor (no gRPC)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the embedded engine and of each shard actor (the same on both sides: on a "
+                         "shared CPU, 2-thread OpenMP can run many times slower than 1)")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--repeats", type=int, default=2, help="runs per concurrency and side; the best tokens/s run of each is kept")
     args = ap.parse_args(argv)
@@ -149,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_app({
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
-        "in_process_target": args.in_process_target,
+        "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
     }), name="tandem", route_prefix="/", blocking=False)
     base = f"http://127.0.0.1:{args.port}"
+    import torch
+
+    torch.set_num_threads(args.threads)
     engine = Engine.from_config(progress=False, **engine_cfg)
     # Both stay up; the runs alternate (embedded, served, embedded, ...) so that a change
     # in the machine's load hits both alike. The run with the best tokens/s of each is kept.
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "served": {k: round(v, 2) for k, v in s.items()},
             "embedded": {k: round(v, 2) for k, v in e.items()},
         }
-    print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "concurrency": result}))
+    print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "concurrency": result}))
     return 0
 
 

@@ -34,6 +34,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -128,6 +129,11 @@ CODE_TEMPLATES = [
 ]
 
 
+MODIFIERS = ["", "", "", " Keep it short.", " Use simple words.", " Answer in detail.", " Use a numbered list.",
+             " Write it for a child.", " Make it funny.", " Use a formal tone.", " Answer in two paragraphs.",
+             " Start with a one-line summary.", " Use bullet points.", " Explain it like a teacher would."]
+
+
 def _math_prompt(rng: random.Random) -> str:
     a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 20)
     return rng.choice([
@@ -156,10 +162,10 @@ def make_prompts(num_train: int, num_eval: int, seed: int = 0) -> tuple[list[str
     def draw(pool, tasks, r):
         kind = r.random()
         if kind < 0.62:
-            return r.choice(TEMPLATES).format(x=r.choice(pool))
+            return r.choice(TEMPLATES).format(x=r.choice(pool)) + r.choice(MODIFIERS)
         if kind < 0.77:
             x, y = r.sample(pool, 2)
-            return r.choice(PAIR_TEMPLATES).format(x=x, y=y)
+            return r.choice(PAIR_TEMPLATES).format(x=x, y=y) + r.choice(MODIFIERS)
         if kind < 0.9:
             return r.choice(CODE_TEMPLATES).format(t=r.choice(tasks))
         return _math_prompt(r)
@@ -178,6 +184,45 @@ def make_prompts(num_train: int, num_eval: int, seed: int = 0) -> tuple[list[str
     train_prompts = unique(num_train, train, train_tasks, rng)
     eval_prompts = unique(num_eval, held, held_tasks, random.Random(seed + 1), avoid=frozenset(train_prompts))
     return train_prompts, eval_prompts
+
+
+@torch.inference_mode()
+def self_sampled_prompts(model, tokenizer, count: int, batch: int, max_len: int = 64, temperature: float = 1.0,
+                         top_k: int = 50, seed: int = 0) -> list[list[int]]:
+    """Chat prompts whose user turn the target writes itself (as Magpie does): the chat
+    template up to the start of a user turn, sampled until the turn ends; duplicates and
+    empty turns are dropped. Returns prompt token ids ending at the assistant's turn."""
+    head = tokenizer.apply_chat_template([{"role": "user", "content": "@@"}], tokenize=False, add_generation_prompt=True)
+    before, after = head.split("@@")
+    prefix, suffix = tokenizer(before).input_ids, tokenizer(after).input_ids
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    dev = model.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    seen, out = set(), []
+    while len(out) < count:
+        n = min(batch, 2 * (count - len(out)))
+        cache = model.new_cache(n, len(prefix) + max_len)
+        slots = torch.arange(n, device=dev)
+        logits = torch.empty(n, model.config.vocab_size, device=dev)
+        for s0 in range(0, n, 256):  # the full logits of the prefix rows are [n, len, V]: in parts
+            part = slots[s0 : s0 + 256]
+            logits[s0 : s0 + 256] = model(torch.tensor([prefix], device=dev).expand(len(part), -1), part,
+                                          torch.zeros_like(part), cache).logits[:, -1]
+        turns = torch.zeros(n, max_len, dtype=torch.long, device=dev)
+        for t in range(max_len):
+            top = torch.topk(logits.float() / temperature, top_k, dim=-1)
+            pick = top.indices.gather(1, torch.multinomial(torch.softmax(top.values, -1), 1, generator=gen))[:, 0]
+            turns[:, t] = pick
+            if t + 1 < max_len:
+                logits = model(pick[:, None], slots, torch.full_like(slots, len(prefix) + t), cache,
+                               attn_len=len(prefix) + t + 1).logits[:, 0]
+        for row in turns.tolist():
+            turn = row[: row.index(end)] if end in row else row
+            key = tuple(turn)
+            if len(turn) >= 3 and key not in seen and not set(turn) & {0, 1}:
+                seen.add(key)
+                out.append(prefix + turn + suffix)
+    return out[:count]
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
@@ -361,6 +406,30 @@ def offline_acceptance(model, target, data, per_seq: int = 64, seed: int = 1) ->
     return 1.0 + torch.cat(accepted).float().mean().item()
 
 
+def generated(data) -> torch.Tensor:
+    tokens, _, prompt_len, seq_len = data
+    pos = torch.arange(tokens.shape[1], device=tokens.device)[None]
+    return tokens[(pos >= prompt_len[:, None]) & (pos < seq_len[:, None])]
+
+
+def with_draft_vocab(model: DFlashDraftModel, data, coverage: float) -> DFlashDraftModel:
+    """The model with a draft vocabulary: the most frequent generated tokens that cover
+    `coverage` of them, rounded up to a multiple of 256 (sorted by id)."""
+    counts = torch.bincount(generated(data), minlength=model.config.vocab_size).float()
+    order = counts.argsort(descending=True)
+    share = counts[order].cumsum(0) / counts.sum()
+    size = min(model.config.vocab_size, -(-(int((share < coverage).sum()) + 1) // 256) * 256)
+    out = DFlashDraftModel(replace(model.config, draft_vocab_size=size)).to(model.fc.weight.device)
+    out.load_state_dict(model.state_dict(), strict=False)
+    out.draft_vocab.copy_(order[:size].sort().values)
+    return out.eval()
+
+
+def in_vocab_share(vocab: torch.Tensor, data) -> float:
+    toks = generated(data)
+    return torch.isin(toks, vocab.to(toks.device)).float().mean().item()
+
+
 def engine_acceptance(args, checkpoint: str, prompts: list[str], log) -> dict:
     """The engine's own numbers on held-out prompts: greedy, B-1 drafts every round."""
     from tandem.config import EngineConfig
@@ -371,7 +440,7 @@ def engine_acceptance(args, checkpoint: str, prompts: list[str], log) -> dict:
                   max_seq_len=1024, row_budget=1024, adaptive=False)
     params = SamplingParams(max_tokens=args.gen_tokens)
     result = {}
-    for drafter in ("none", "dflash"):
+    for drafter in ("none", "dflash") if args.engine_baseline else ("dflash",):
         engine = Engine.from_config(EngineConfig(drafter=drafter, dflash_checkpoint=checkpoint,
                                                  num_speculative_tokens=args.block_size - 1, **common), progress=False)
         t0 = time.time()
@@ -383,7 +452,7 @@ def engine_acceptance(args, checkpoint: str, prompts: list[str], log) -> dict:
         acc = sum(o.num_accepted_tokens for o in outs)
         log(f"engine {drafter}: {sum(len(o.token_ids) for o in outs)} tokens in {secs:.1f} s"
             + (f", acceptance length {1 + acc / max(1, drafts):.3f} over {drafts} rounds" if drafts else ""))
-    same = sum(a.token_ids == b.token_ids for a, b in zip(result["none"], result["dflash"]))
+    same = sum(a.token_ids == b.token_ids for a, b in zip(result["none"], result["dflash"])) if "none" in result else None
     drafts = sum(o.num_drafts for o in result["dflash"])
     acc = sum(o.num_accepted_tokens for o in result["dflash"])
     return {"acceptance_length": 1 + acc / max(1, drafts), "rounds": drafts, "identical_outputs": same,
@@ -398,7 +467,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="target model spec (default: the default model)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", required=True, help="checkpoint folder to write")
-    ap.add_argument("--num-prompts", type=int, default=12000)
+    ap.add_argument("--num-prompts", type=int, default=12000, help="template prompts")
+    ap.add_argument("--num-self-prompts", type=int, default=12000, help="prompts the target writes itself")
     ap.add_argument("--num-eval", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--gen-batch", type=int, default=1024)
@@ -414,9 +484,13 @@ def main(argv=None) -> int:
     ap.add_argument("--loss-decay", type=float, default=4.0)
     ap.add_argument("--max-steps", type=int, default=20000)
     ap.add_argument("--train-seconds", type=float, default=240.0)
+    ap.add_argument("--total-seconds", type=float, default=None, help="cut training so the whole run fits this")
+    ap.add_argument("--draft-vocab-coverage", type=float, default=0.999,
+                    help="keep the most frequent generated tokens covering this share as the draft vocabulary (1 = all)")
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-engine-eval", action="store_true")
+    ap.add_argument("--engine-baseline", action="store_true", help="also run the engine without drafts and compare outputs")
     args = ap.parse_args(argv)
 
     t_begin = time.time()
@@ -437,12 +511,16 @@ def main(argv=None) -> int:
     train_prompts, eval_prompts = make_prompts(args.num_prompts, args.num_eval, args.seed)
     log(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held-out; e.g. {train_prompts[:3]} / {eval_prompts[:2]}")
     eos = set(target.eos_token_ids)
-    train_data = greedy_with_features(target.model, [chat_ids(tok, p) for p in train_prompts], layer_ids,
-                                      args.gen_tokens, args.gen_batch, eos)
+    prompt_ids = [chat_ids(tok, p) for p in train_prompts]
+    if args.num_self_prompts:
+        own = self_sampled_prompts(target.model, tok, args.num_self_prompts, args.gen_batch, seed=args.seed)
+        log(f"{len(own)} self-written prompts, e.g. {[tok.decode(p) for p in own[:3]]}")
+        prompt_ids += own
+    train_data = greedy_with_features(target.model, prompt_ids, layer_ids, args.gen_tokens, args.gen_batch, eos)
     eval_data = greedy_with_features(target.model, [chat_ids(tok, p) for p in eval_prompts], layer_ids,
                                      args.gen_tokens, args.gen_batch, eos)
     gen_tokens = int((train_data[3] - train_data[2]).sum())
-    log(f"data: {gen_tokens} generated tokens ({gen_tokens / len(train_prompts):.0f} per prompt); "
+    log(f"data: {gen_tokens} generated tokens ({gen_tokens / len(prompt_ids):.0f} per prompt); "
         f"sample: {tok.decode(train_data[0][0, int(train_data[2][0]) : int(train_data[3][0])].tolist())[:200]!r}")
 
     config = DFlashConfig(
@@ -455,20 +533,26 @@ def main(argv=None) -> int:
     with torch.no_grad():  # start from the target's output scale: the head is the target's
         model.norm.weight.copy_(target.model.model.norm.weight.float())
     log(f"drafter: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, layers {layer_ids}, mask {args.mask_token}={mask_id}")
+    if args.total_seconds:
+        args.train_seconds = max(10.0, min(args.train_seconds, args.total_seconds - (time.time() - t_begin) - 40))
     train(model, target.model, train_data, args, log)
     model.eval()
+    if args.draft_vocab_coverage < 1:
+        model = with_draft_vocab(model, train_data, args.draft_vocab_coverage)
+        covered = in_vocab_share(model.draft_vocab, eval_data)
+        log(f"draft vocabulary: {model.config.draft_vocab_size} tokens, covering {covered:.4f} of the held-out tokens")
     offline = offline_acceptance(model, target.model, eval_data)
     log(f"held-out offline acceptance length (block {args.block_size}): {offline:.3f}")
     info = {"target_model": target.name, "train": {
-        "prompts": len(train_prompts), "generated_tokens": gen_tokens, "gen_tokens": args.gen_tokens,
+        "prompts": len(prompt_ids), "self_written_prompts": len(prompt_ids) - len(train_prompts), "generated_tokens": gen_tokens, "gen_tokens": args.gen_tokens,
         "seconds": round(time.time() - t_begin), "heldout_offline_acceptance_length": round(offline, 3),
         "script": "scripts/train_dflash.py", "seed": args.seed}}
     save_dflash_checkpoint(model, args.out, extra_config={"tandem": info})
     log(f"saved {args.out}")
     if not args.skip_engine_eval:
         res = engine_acceptance(args, args.out, eval_prompts, log)
-        log(f"held-out engine acceptance length (block {args.block_size}, greedy): {res['acceptance_length']:.3f}; "
-            f"{res['identical_outputs']}/{res['prompts']} outputs identical to no-spec")
+        log(f"held-out engine acceptance length (block {args.block_size}, greedy): {res['acceptance_length']:.3f}"
+            + (f"; {res['identical_outputs']}/{res['prompts']} outputs identical to no-spec" if args.engine_baseline else ""))
         info["train"]["heldout_engine"] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}
         save_dflash_checkpoint(model, args.out, extra_config={"tandem": info})
     print(json.dumps(info), flush=True)

@@ -6,7 +6,7 @@ import json
 import sys
 
 from tandem.drafters.factory import DRAFTERS
-from tandem.errors import InvalidRequestError
+from tandem.errors import InvalidRequestError, TandemError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +63,7 @@ def run(args) -> int:
             max_seq_len=args.max_seq_len,
             device=args.device,
         )
-    except (InvalidRequestError, ValueError, FileNotFoundError) as e:
+    except (TandemError, ValueError, FileNotFoundError) as e:
         print(f"tandem generate: {e}", file=sys.stderr)
         return 2
     try:

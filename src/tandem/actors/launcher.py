@@ -93,6 +93,12 @@ class RayShardLauncher:
     def _kill_actors(self) -> None:
         import ray
 
+        if self.actors:
+            # stop the gRPC servers first (a lost rank answers at once with an error), then kill
+            try:
+                ray.wait([a.stop.remote() for a in self.actors], num_returns=len(self.actors), timeout=5.0)
+            except Exception as e:  # noqa: BLE001
+                log.debug("stop of shard actors: %s", e)
         for a in self.actors:
             try:
                 ray.kill(a, no_restart=True)

@@ -80,6 +80,10 @@ class SchedulerActor:
         if s.in_process_target:
             if s.engine.shards != 1:
                 raise ValueError("an in-process target has one rank (tensor_parallel 1)")
+            if s.shard_torch_threads:
+                import torch
+
+                torch.set_num_threads(s.shard_torch_threads)
             return Engine.from_config(s.engine, progress=False), _NoLauncher()
         from tandem.model.loader import load_tokenizer
         from tandem.rpc.grpc_group import GrpcShardGroup

@@ -17,10 +17,14 @@ group with it, so no rank's state can be trusted to match the others'. The engin
 restart()s the group (fresh processes, empty KV) and re-prefills the sequences that
 were not in the failed batch. Collectives time out (collective_timeout_s, by default
 half the RPC deadline) before the RPC deadline passes, so a rank stuck waiting on a
-lost peer answers in time to take its zero verdict.
+lost peer answers in time to take its zero verdict. (On GPUs a rank stuck in an NCCL
+collective may not answer at all: its CUDA sync waits, and NCCL's watchdog may end the
+process. The RPC deadline bounds that wait; that rank is then simply unreachable.)
 
 A command every rank refuses with INVALID_ARGUMENT (all ranks check the same things
-before touching any state) is a ShapeError and leaves the group healthy.
+before touching any state) is a ShapeError and leaves the group healthy; a verdict
+that is not acknowledged by every rank, refused or not, makes the group unhealthy.
+Not thread-safe: one caller (the engine's tick) drives a group.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -221,7 +225,7 @@ class GrpcShardGroup:
 
     # ---- failures ------------------------------------------------------------------------
 
-    def _fail_verify(self, cmd: VerifyBatch, cause: str) -> None:
+    def _fail_verify(self, cmd: VerifyBatch, cause: str) -> NoReturn:
         """The seed's ep_fail_verify_batch: the all-zero verdict to every reachable rank, then raise."""
         replies = self._fan_out("Commit", codec.encode_verdict(failed_verdict(cmd.batch_id, cmd.n)), self.failed_verdict_deadline_s)
         acked = [r.rank for r in replies if r.ok]
@@ -238,7 +242,7 @@ class GrpcShardGroup:
             raise _shape_error(replies[0])  # refused alike by every rank: nothing changed anywhere
         self._lose(f"{what} failed: {self._describe(failed, self.deadline_s)}")
 
-    def _lose(self, message: str) -> None:
+    def _lose(self, message: str) -> NoReturn:
         """Mark the group unhealthy and raise: a restart must come before it serves again."""
         self._healthy = False
         self.last_failure = message

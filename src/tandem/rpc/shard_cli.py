@@ -1,6 +1,6 @@
 """`tandem shard`: one shard server process (one rank), for runs without Ray.
 
-    tandem shard --bind 127.0.0.1:0 --port-file /tmp/rank0.addr
+    tandem shard --bind 127.0.0.1:0 --port-file rank0.addr
 
 The server waits for Init (which carries the model, the rank and the collective
 address). Its address goes to stdout ("listening on HOST:PORT") and, atomically, to
