@@ -5,8 +5,9 @@
 For each concurrency C, C streaming clients start at once on loopback (OpenAI
 /v1/completions, stream: true, greedy, ignore_eos so every request makes exactly
 max_tokens tokens), and the same C requests go into an embedded Engine (one process,
-same config, all added at once, stepped in a loop); the two alternate, so a change in
-the machine's load hits both alike. Per request:
+same config, all added at once, stepped in a loop) and through the Python handle of the
+served engine (Ray streaming generators without HTTP or Serve, to show where the time
+goes); the three alternate, so a change in the machine's load hits all alike. Per request:
 
     ttft  time to first token: request sent -> first text chunk
     itl   inter-token latency: (last chunk - first chunk) / (tokens - 1)
@@ -23,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -124,6 +124,29 @@ async def run_served_async(base: str, model: str, n: int, max_tokens: int) -> di
     return summary([r[0] for r in results], [r[1] for r in results], sum(r[2] for r in results), wall)
 
 
+async def run_handle_async(handle, n: int, max_tokens: int) -> dict:
+    """The same load through the Python handle (Ray streaming generators, no HTTP/Serve)."""
+    from tandem.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    async def one(prompt: str, t0: float):
+        first = last = None
+        tokens = 0
+        async for out in handle.astream(prompt, params):
+            now = time.perf_counter()
+            if out.delta_token_ids:
+                first = first or now
+                last = now
+            tokens = len(out.token_ids)
+        return first - t0, (last - first) / max(1, tokens - 1), tokens
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(PROMPTS[i % len(PROMPTS)], t0) for i in range(n)))
+    wall = time.perf_counter() - t0
+    return summary([r[0] for r in results], [r[1] for r in results], sum(r[2] for r in results), wall)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
@@ -153,35 +176,44 @@ def main(argv: list[str] | None = None) -> int:
     serve.run(build_app({
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
         "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
+        "engine_actor_name": "tandem-bench",
     }), name="tandem", route_prefix="/", blocking=False)
+    from tandem.actors import connect
+
+    handle = connect("tandem-bench")
     base = f"http://127.0.0.1:{args.port}"
     import torch
 
     torch.set_num_threads(args.threads)
     engine = Engine.from_config(progress=False, **engine_cfg)
-    # Both stay up; the runs alternate (embedded, served, embedded, ...) so that a change
-    # in the machine's load hits both alike. The run with the best tokens/s of each is kept.
-    embedded, served = {}, {}
+    # All stay up; the runs alternate (embedded, handle, served, embedded, ...) so that a
+    # change in the machine's load hits all alike. The best tokens/s run of each is kept.
+    sides = {
+        "embedded": lambda c: run_embedded(engine, c, args.max_tokens),
+        "handle": lambda c: asyncio.run(run_handle_async(handle, c, args.max_tokens)),
+        "served": lambda c: asyncio.run(run_served_async(base, args.model, c, args.max_tokens)),
+    }
+    best: dict[str, dict] = {side: {} for side in sides}
     try:
         run_embedded(engine, 1, 4)  # warm up
         asyncio.run(run_served_async(base, args.model, 1, 4))
         for c in args.concurrency:
             for _ in range(args.repeats):
-                e = run_embedded(engine, c, args.max_tokens)
-                s = asyncio.run(run_served_async(base, args.model, c, args.max_tokens))
-                if c not in embedded or e["tokens_per_s"] > embedded[c]["tokens_per_s"]:
-                    embedded[c] = e
-                if c not in served or s["tokens_per_s"] > served[c]["tokens_per_s"]:
-                    served[c] = s
+                for side, run in sides.items():
+                    r = run(c)
+                    if c not in best[side] or r["tokens_per_s"] > best[side][c]["tokens_per_s"]:
+                        best[side][c] = r
     finally:
         engine.close()
         serve.shutdown()
         ray.shutdown()
 
     print(f"{'C':>3} {'where':>8} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>8}")
+    embedded, served = best["embedded"], best["served"]
     result = {}
     for c in args.concurrency:
-        for where, s in (("embedded", embedded[c]), ("served", served[c])):
+        for where in sides:
+            s = best[where][c]
             print(f"{c:>3} {where:>8} {s['ttft_ms_p50']:>9.1f} {s['ttft_ms_p99']:>9.1f} {s['itl_ms_p50']:>8.1f} "
                   f"{s['itl_ms_p99']:>8.1f} {s['tokens_per_s']:>8.1f}")
         e, s = embedded[c], served[c]
@@ -190,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "added_itl_ms_p50": round(s["itl_ms_p50"] - e["itl_ms_p50"], 2),
             "tokens_per_s_ratio": round(s["tokens_per_s"] / e["tokens_per_s"], 3) if e["tokens_per_s"] else None,
             "served": {k: round(v, 2) for k, v in s.items()},
+            "handle": {k: round(v, 2) for k, v in best["handle"][c].items()},
             "embedded": {k: round(v, 2) for k, v in e.items()},
         }
     print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "concurrency": result}))

@@ -110,6 +110,8 @@ DRAFTERS = [
     Drafter("draft_model", "qwen2.5-coder-1.5b", {"drafter": "draft-model", "draft_model": "qwen2.5-coder-0.5b"}, "code",
             {"assistant_model": "qwen2.5-coder-0.5b"}, max_tokens=48, b1_prompts=2, leviathan=True,
             max_tokens_by_batch={8: 32, 32: 16}),
+    # One line per drafter, e.g. (with no transformers counterpart to compare):
+    # Drafter("dflash", None, {"drafter": "dflash", "num_speculative_tokens": 7}, "ngram", {}, max_tokens=128, b1_prompts=8),
 ]
 
 TARGETS = {"ngram_b1": 2.5, "b32": 1.0, "vs_hf_greedy_b1": 3.0, "leviathan_fraction": 0.9}
@@ -180,44 +182,45 @@ def run_engine(engine, prompts: list[tuple[str, str]], params, batch: int) -> Ru
 
 
 class Target:
-    """One loaded target model and the shard groups that engines on it share: a plain one
-    (no rank-side drafter) and, per rank-side drafter, one that carries it."""
+    """One loaded target model and the shard groups that engines on it share: engines whose
+    ranks look alike (no rank-side drafter, or the same one) share one group."""
 
-    def __init__(self, spec: str | None, slots: int, max_seq_len: int):
-        from tandem.shard.factory import ShardSpec, build_model_shard
-        from tandem.shard.local_group import LocalShardGroup
+    def __init__(self, spec: str | None, *, slots: int, max_seq_len: int, device: str, dtype: str):
+        from tandem.config import EngineConfig
+        from tandem.shard.factory import build_model_shard
 
-        self._spec = ShardSpec(model=spec, device="cpu", dtype="float32", num_slots=slots, max_seq_len=max_seq_len,
-                               row_budget=256)
+        self.base = EngineConfig(model=spec, drafter="none", max_num_seqs=slots, max_seq_len=max_seq_len,
+                                 row_budget=max(256, 8 * slots), device=device, dtype=dtype)
         t = now()
-        shard, self.loaded = build_model_shard(self._spec, progress=False)
+        shard, self.loaded = build_model_shard(self.base.shard_spec(), progress=False)
         self.load_s = now() - t
-        self.groups = {"none": LocalShardGroup(shard)}
+        self.groups = {self.base.shard_spec(): _local(shard)}
 
     def group_for(self, cfg) -> object:
-        from dataclasses import replace
-
         from tandem.shard.factory import build_model_shard
-        from tandem.shard.local_group import LocalShardGroup
 
-        key = cfg.rank_drafter
+        key = cfg.shard_spec()
         if key not in self.groups:
-            spec = replace(self._spec, drafter=key, draft_model=cfg.draft_model,
-                           num_speculative_tokens=cfg.num_speculative_tokens)
-            shard, _ = build_model_shard(spec, loaded=self.loaded, progress=False)
-            self.groups[key] = LocalShardGroup(shard)
+            self.groups[key] = _local(build_model_shard(key, loaded=self.loaded, progress=False)[0])
         return self.groups[key]
 
     def engine(self, **fields):
-        from tandem.config import EngineConfig
+        from dataclasses import replace
+
         from tandem.engine import Engine
 
-        cfg = EngineConfig(max_num_seqs=self._spec.num_slots, max_seq_len=self._spec.max_seq_len, row_budget=256, **fields)
+        cfg = replace(self.base, **fields)
         return Engine(self.group_for(cfg), self.loaded.tokenizer, self.loaded.eos_token_ids, cfg, model_name=self.loaded.name)
 
     def render(self, prompts: list[tuple[str, list[dict]]]) -> list[tuple[str, str]]:
         tok = self.loaded.tokenizer
         return [(kind, tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)) for kind, msgs in prompts]
+
+
+def _local(shard):
+    from tandem.shard.local_group import LocalShardGroup
+
+    return LocalShardGroup(shard)
 
 
 def one_row_ms(model, cache, position: int, reps: int = 5) -> float:
@@ -226,9 +229,23 @@ def one_row_ms(model, cache, position: int, reps: int = 5) -> float:
 
     tokens = torch.zeros(1, 1, dtype=torch.long)
     slots, start = torch.zeros(1, dtype=torch.long), torch.tensor([position])
+    device = model.device
+    tokens, slots, start = tokens.to(device), slots.to(device), start.to(device)
+
+    def step():
+        model(tokens, slots, start, cache, attn_len=position + 1)
+        sync(device)
+
     with torch.inference_mode():
-        t = interleaved_min({"f": lambda: model(tokens, slots, start, cache, attn_len=position + 1)}, reps=reps, warmup=2)
+        t = interleaved_min({"f": step}, reps=reps, warmup=2)
     return t["f"] * 1e3
+
+
+def sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def leviathan(acceptance_length: float, gamma: float, c: float) -> dict:
@@ -246,7 +263,7 @@ def leviathan(acceptance_length: float, gamma: float, c: float) -> dict:
     return {"alpha": a, "gamma": gamma, "c": c, "predicted": tokens(a) / (gamma * c + 1.0)}
 
 
-def hf_runs(d: Drafter, prompts: list[tuple[str, str]], max_tokens: int) -> dict:
+def hf_runs(d: Drafter, prompts: list[tuple[str, str]], max_tokens: int, device, dtype) -> dict:
     """transformers' greedy generate and its assisted generation at batch 1: tokens/s and outputs."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -254,23 +271,24 @@ def hf_runs(d: Drafter, prompts: list[tuple[str, str]], max_tokens: int) -> dict
     from tandem.model.loader import load_tokenizer
 
     info = load_tokenizer(d.target, progress=False)  # the folder, tokenizer and stop ids; no weights
-    model = AutoModelForCausalLM.from_pretrained(info.path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype).to(device).eval()
     assist = dict(d.hf_assist)
     if "assistant_model" in assist:
         folder = load_tokenizer(assist["assistant_model"], progress=False).path
-        assist["assistant_model"] = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        assist["assistant_model"] = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     tok, eos = info.tokenizer, list(info.eos_token_ids)
     kw = dict(max_new_tokens=max_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
               eos_token_id=eos, pad_token_id=eos[0])
     out = {}
-    for mode, extra in (("greedy", {}), ("assisted", assist)):
+    for mode, extra in (("greedy", {}), ("assisted", assist)) if assist else (("greedy", {}),):
         tokens, seconds, outputs = 0, 0.0, []
         with torch.inference_mode():
-            model.generate(**tok(prompts[0][1], return_tensors="pt"), **{**kw, "max_new_tokens": 4}, **extra)  # warm-up
+            model.generate(**tok(prompts[0][1], return_tensors="pt").to(device), **{**kw, "max_new_tokens": 4}, **extra)
             for _, text in prompts:
-                enc = tok(text, return_tensors="pt")
+                enc = tok(text, return_tensors="pt").to(device)
                 t = now()
                 ids = model.generate(**enc, **kw, **extra)
+                sync(device)
                 seconds += now() - t
                 new = ids[0, enc.input_ids.shape[1] :].tolist()
                 tokens += len(new)
@@ -279,12 +297,13 @@ def hf_runs(d: Drafter, prompts: list[tuple[str, str]], max_tokens: int) -> dict
     return out
 
 
-def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, result: dict, reports: list) -> None:
+def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, result: dict, reports: list,
+                  device: str = "auto", dtype: str = "auto") -> None:
     from tandem.sampling_params import SamplingParams
 
     b1_prompts = QUICK["b1_prompts"] if quick else d.b1_prompts
     max_tokens_for = (lambda b: QUICK["max_tokens"]) if quick else (lambda b: d.max_tokens_by_batch.get(b, d.max_tokens))
-    target = Target(d.target, slots=max(batches), max_seq_len=512)
+    target = Target(d.target, slots=max(batches), max_seq_len=512, device=device, dtype=dtype)
     name = target.loaded.name
     print(f"[{d.name}] target {name} loaded in {target.load_s:.1f}s", flush=True)
     make = WORKLOADS[d.workload]
@@ -324,7 +343,7 @@ def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, re
 
     if d.leviathan and b1_spec is not None:
         fast, base = b1_spec
-        shard = target.groups[spec.config.rank_drafter].shard
+        shard = spec.group.shard
         first = target.render(make(1))[0][1]
         position = len(target.loaded.tokenizer(first).input_ids) + max_tokens_for(1) // 2  # a typical decode position
         t_target = one_row_ms(shard.model, shard.cache, position)
@@ -342,23 +361,26 @@ def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, re
     if with_hf and 1 in batches and b1_spec is not None:
         fast, base = b1_spec
         prompts = target.render(make(b1_prompts))
+        device_t, dtype_t = target.loaded.model.device, target.loaded.model.dtype
         del target, plain, spec
         gc.collect()  # room for transformers' copy of the weights
-        hf = hf_runs(d, prompts, max_tokens_for(1))
+        hf = hf_runs(d, prompts, max_tokens_for(1), device_t, dtype_t)
         prefix = "" if d.name == "ngram" else f"{d.name}_"
         result["vs_hf"][f"{prefix}greedy_b1"] = fast.tok_s / hf["greedy"]["tok_s"]
-        result["vs_hf"][f"{prefix}assisted_b1"] = fast.tok_s / hf["assisted"]["tok_s"]
         result["tokens_per_s"][f"{d.name}_hf_greedy_b1"] = hf["greedy"]["tok_s"]
-        result["tokens_per_s"][f"{d.name}_hf_assisted_b1"] = hf["assisted"]["tok_s"]
+        if "assisted" in hf:
+            result["vs_hf"][f"{prefix}assisted_b1"] = fast.tok_s / hf["assisted"]["tok_s"]
+            result["tokens_per_s"][f"{d.name}_hf_assisted_b1"] = hf["assisted"]["tok_s"]
         same = sum(a == b for a, b in zip(hf["greedy"]["outputs"], base.outputs))
         result["hf_greedy_same_tokens"][f"{d.name}_b1"] = f"{same}/{len(base.outputs)}"
         rows_hf = [
             ["tandem, no speculation", base.tok_s, base.tok_s / hf["greedy"]["tok_s"]],
             [f"tandem, {d.name}", fast.tok_s, fast.tok_s / hf["greedy"]["tok_s"]],
             ["transformers greedy generate", hf["greedy"]["tok_s"], 1.0],
-            [f"transformers assisted ({', '.join(d.hf_assist)})", hf["assisted"]["tok_s"],
-             hf["assisted"]["tok_s"] / hf["greedy"]["tok_s"]],
         ]
+        if "assisted" in hf:
+            rows_hf.append([f"transformers assisted ({', '.join(d.hf_assist)})", hf["assisted"]["tok_s"],
+                            hf["assisted"]["tok_s"] / hf["greedy"]["tok_s"]])
         reports.append(lambda: print_table(["batch 1", "tok/s", "vs transformers greedy"], rows_hf,
                                            title=f"{d.name}: tandem vs Hugging Face transformers, same model and prompts"))
 
@@ -370,6 +392,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32; quick 1,8)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--device", default="auto", help="cpu | cuda | auto (a GPU if there is one)")
+    p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto (float32 on the CPU, bf16 on a GPU)")
     return p.parse_args(argv)
 
 
@@ -390,7 +414,7 @@ def main(argv=None) -> None:
                               "by_prompt_kind", "leviathan", "lossless", "hf_greedy_same_tokens")}
     reports = []
     for d in drafters:
-        bench_drafter(d, batches, args.quick, not args.no_hf, result, reports)
+        bench_drafter(d, batches, args.quick, not args.no_hf, result, reports, args.device, args.dtype)
         gc.collect()
     for report in reports:
         report()

@@ -252,6 +252,8 @@ class Engine:
     def _output(self, seq: Sequence) -> RequestOutput:
         prev_tokens, prev_text = self._reported.get(seq.request_id, (0, ""))
         text = seq.output_text(self.ctx.detok, stable=True)
+        if seq.params.stop and not seq.finished:
+            text = text[: len(text) - _stop_prefix_len(text, seq.params.stop)]
         self._reported[seq.request_id] = (len(seq.output_ids), text)
         return RequestOutput(
             request_id=seq.request_id,
@@ -310,3 +312,15 @@ class Engine:
 
     def close(self) -> None:
         self.group.close()
+
+
+def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters of text could begin a stop string: they are held
+    back from a stream until the next tokens show whether the stop string follows."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best

@@ -74,3 +74,20 @@ def test_a_handle_works_from_another_ray_task_and_by_name(tp2):
     expected = tp2.generate("The capital of France is", max_tokens=6, temperature=0.0).text
     assert ray.get(use.remote(tp2)) == expected
     assert connect(TP2_ENGINE_NAME).generate("The capital of France is", max_tokens=6, temperature=0.0).text == expected
+
+
+def test_multiplexed_streams_share_one_subscription_and_keep_their_text(tp2):
+    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):"]
+    expected = [tp2.generate(p, max_tokens=10, temperature=0.0).text for p in prompts]
+    mux = tp2.multiplexed()
+
+    async def one(prompt):
+        return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=10, temperature=0.0)])
+
+    async def run():
+        texts = await asyncio.gather(*(one(p) for p in prompts))
+        with pytest.raises(InvalidRequestError):
+            await one("")
+        return texts
+
+    assert asyncio.run(run()) == expected

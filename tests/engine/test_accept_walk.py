@@ -83,3 +83,11 @@ def test_emit_ignores_eos_when_asked():
     s = _seq(SamplingParams(max_tokens=10, ignore_eos=True))
     emit(s, [99, 5], [99, 5, 6], 2, _ctx())
     assert s.output_ids == [99, 5, 6] and not s.finished
+
+
+def test_a_stream_holds_back_text_that_may_begin_a_stop_string():
+    from tandem.engine import _stop_prefix_len
+
+    assert _stop_prefix_len("hello wor", ("world!",)) == 3
+    assert _stop_prefix_len("hello", ("world!",)) == 0
+    assert _stop_prefix_len("a\n\n", ("\n\nEND", "x")) == 2

@@ -27,7 +27,7 @@ def _start(port: int) -> tuple[subprocess.Popen, list[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_tandem_serve_prints_the_url_serves_and_stops_cleanly(sig):
     port = _free_port()
     proc, lines = _start(port)

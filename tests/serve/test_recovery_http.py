@@ -54,3 +54,40 @@ def test_requests_get_503_with_retry_after_while_the_shard_group_recovers(server
     after = httpx.post(f"{server.v1}/completions", json=body, timeout=60)
     assert after.status_code == 200 and after.json()["choices"][0]["text"] == before
     assert handle.health()["restarts"] >= 1
+
+
+def test_a_stream_whose_shard_is_killed_ends_with_an_error_event_within_10_s(server):
+    import json
+
+    import ray
+
+    from tandem.actors import connect
+
+    handle = connect(APP_ENGINE_NAME)
+    wait_healthy(server)
+    body = {"model": server.model, "prompt": "Count: 1, 2, 3,", "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    events = []
+    with httpx.stream("POST", f"{server.v1}/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 2:
+                    break
+        (shard,) = handle.shard_actors()
+        killed_at = time.monotonic()
+        ray.kill(shard)
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+        ended_at = time.monotonic()
+    assert ended_at - killed_at < 10
+    last = json.loads(events[-1])
+    assert "error" in last and last["error"]["type"] == "server_error", events[-3:]
+    assert "[DONE]" not in events
+
+    wait_healthy(server)
+    ok = httpx.post(f"{server.v1}/completions", json={**body, "stream": False, "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200

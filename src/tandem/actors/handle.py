@@ -16,11 +16,12 @@ returns (or ends its stream with) an output whose finish_reason is "error".
 """
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
-from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings
+from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
 from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
@@ -38,7 +39,7 @@ def start(
     namespace: str | None = "tandem",
     served_model_name: str | None = None,
     scheduler_num_cpus: float = 0.25,
-    shard_num_gpus: float = 0.0,
+    shard_num_gpus: float | None = None,
     shard_num_cpus: float = 0.5,
     shard_torch_threads: int | None = None,
     rpc_deadline_s: float = 30.0,
@@ -51,13 +52,15 @@ def start(
     group) in the connected Ray cluster; returns once the model is loaded.
 
     engine_options are EngineConfig fields (num_speculative_tokens, max_num_seqs,
-    max_seq_len, row_budget, draft_model, adaptive, device, dtype, ...). shard_num_gpus
-    is what each ShardActor reserves: 1 on a GPU cluster, 0 on CPU. in_process_target
-    keeps a single rank inside the scheduler actor (no shard actors, no gRPC, no
-    recovery): for CPU-only single-rank runs."""
+    max_seq_len, row_budget, draft_model, adaptive, device, dtype, ...). shard_num_gpus is
+    what each ShardActor reserves (None: 1 when the cluster has GPUs, else 0).
+    in_process_target keeps a single rank inside the scheduler actor (no shard actors, no
+    gRPC, no recovery): for CPU-only single-rank runs."""
     import ray
 
     config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)
+    if shard_num_gpus is None:
+        shard_num_gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
     settings = SchedulerSettings(
         engine=config,
         served_model_name=served_model_name,
@@ -125,16 +128,76 @@ async def _tandem_errors_async():
         raise _unwrap(e) from None
 
 
+class _Multiplexer:
+    """Many astream()s of one event loop over ONE subscription stream of the actor: one
+    Ray item per engine tick instead of one per request (what a busy server wants)."""
+
+    def __init__(self, actor):
+        self.actor = actor
+        self.subscriber = f"sub-{uuid.uuid4().hex}"
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.pump: asyncio.Task | None = None
+
+    def _ensure_pump(self) -> None:
+        if self.pump is None or self.pump.done():
+            self.pump = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        gen = self.actor.subscribe.options(num_returns="streaming").remote(self.subscriber)
+        why = "the engine's output stream ended"
+        try:
+            async for ref in gen:
+                for out in await ref:
+                    q = self.queues.get(out.request_id)
+                    if q is not None:
+                        q.put_nowait(out)
+        except Exception as e:  # noqa: BLE001 - every waiting request learns of it
+            why = f"the engine's output stream failed: {type(e).__name__}: {e}"
+        for rid, q in list(self.queues.items()):
+            q.put_nowait(error_output(rid, why))
+
+    async def stream(self, prompt, params: SamplingParams, rid: str, messages) -> AsyncIterator[RequestOutput]:
+        self._ensure_pump()
+        q: asyncio.Queue = asyncio.Queue()
+        self.queues[rid] = q
+        finished = False
+        try:
+            async with _tandem_errors_async():
+                await self.actor.submit.remote(prompt, params, rid, messages, self.subscriber)
+            while not finished:
+                out = await q.get()
+                finished = out.finished
+                yield out
+        finally:
+            self.queues.pop(rid, None)
+            if not finished:
+                self.actor.abort.remote(rid)
+
+
 class TandemHandle:
     """generate / stream (blocking) and agenerate / astream (asyncio) on one engine.
 
     `prompt` is a string or a list of token ids; give `messages` instead (OpenAI-style
     chat messages) to use the model's chat template. Sampling is SamplingParams or its
-    fields as keyword arguments."""
+    fields as keyword arguments.
 
-    def __init__(self, actor, info: dict):
+    By default each stream is its own Ray streaming generator. multiplexed() gives a
+    handle whose astream()s share one subscription stream (per handle and event loop):
+    what a server with many concurrent streams should use."""
+
+    def __init__(self, actor, info: dict, multiplex: bool = False):
         self.actor = actor
         self.info = info
+        self._mux: _Multiplexer | None = _Multiplexer(actor) if multiplex else None
+
+    def multiplexed(self) -> "TandemHandle":
+        return TandemHandle(self.actor, self.info, multiplex=True)
+
+    def __getstate__(self):
+        return {"actor": self.actor, "info": self.info, "multiplex": self._mux is not None}
+
+    def __setstate__(self, state):
+        self.__init__(state["actor"], state["info"], state["multiplex"])
 
     @property
     def model_name(self) -> str:
@@ -191,6 +254,10 @@ class TandemHandle:
                       request_id: str | None = None, **sampling) -> AsyncIterator[RequestOutput]:
         sp = sampling_params(params, **sampling)
         rid = request_id or f"req-{uuid.uuid4().hex}"
+        if self._mux is not None:
+            async for out in self._mux.stream(prompt, sp, rid, messages):
+                yield out
+            return
         gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
         finished = False
         try:

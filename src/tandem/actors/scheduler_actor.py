@@ -62,7 +62,9 @@ class SchedulerActor:
         self.settings = settings
         self.engine, self.launcher = self._build_engine(settings)
         self.model_name = settings.served_model_name or self.engine.model_name
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, asyncio.Queue] = {}  # request id -> its own stream's queue
+        self._subscribers: dict[str, asyncio.Queue] = {}  # subscriber id -> the queue of all its requests
+        self._routes: dict[str, str] = {}  # request id -> subscriber id
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tandem-admit")
@@ -71,6 +73,7 @@ class SchedulerActor:
         self._paused = False
         self._stopped = False
         self.ticks = 0
+        self.step_seconds = 0.0  # time spent inside engine.step()
 
     @staticmethod
     def _build_engine(s: SchedulerSettings):
@@ -121,12 +124,14 @@ class SchedulerActor:
             with self._step_lock:
                 if self._paused:
                     continue
+                t0 = time.perf_counter()
                 try:
                     outs = self.engine.step()
                 except Exception as e:  # noqa: BLE001 - a broken tick must not leave clients hanging
                     log.exception("engine step failed")
                     outs = self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 self.ticks += 1
+                self.step_seconds += time.perf_counter() - t0
             if outs:
                 self._loop.call_soon_threadsafe(self._dispatch, outs)
             if self.engine.recovering:
@@ -134,20 +139,26 @@ class SchedulerActor:
 
     def _fail_all(self, why: str) -> list[RequestOutput]:
         outs = []
-        for rid in list(self._queues):
+        for rid in [*self._queues, *self._routes]:
             self.engine.abort(rid)
-            outs.append(_error_output(rid, why))
+            outs.append(error_output(rid, why))
         return outs
 
     def _dispatch(self, outs: list[RequestOutput]) -> None:
         for out in outs:
-            q = self._queues.get(out.request_id)
+            rid = out.request_id
+            q = self._queues.get(rid)
+            if q is None and rid in self._routes:
+                q = self._subscribers.setdefault(self._routes[rid], asyncio.Queue())
+                if out.finished:
+                    del self._routes[rid]
             if q is not None:
                 q.put_nowait(out)
 
     # ---- requests -----------------------------------------------------------------------
 
-    async def _add(self, prompt, params: SamplingParams | None, request_id: str | None, messages: list[dict] | None):
+    async def _add(self, prompt, params: SamplingParams | None, request_id: str | None, messages: list[dict] | None,
+                   subscriber: str | None = None):
         self._ensure_started()
         e = self.engine
         if e.recovering or not e.group.healthy():
@@ -157,15 +168,19 @@ class SchedulerActor:
                 raise InvalidRequestError("messages", "give either a prompt or messages, not both")
             prompt = e.chat_prompt(messages)
         rid = request_id or f"req-{uuid.uuid4().hex}"
-        if rid in self._queues:
+        if rid in self._queues or rid in self._routes:
             raise InvalidRequestError("request_id", f"{rid!r} is already running")
-        q: asyncio.Queue = asyncio.Queue()
-        self._queues[rid] = q
+        q: asyncio.Queue | None = None
+        if subscriber is None:
+            q = self._queues[rid] = asyncio.Queue()
+        else:
+            self._routes[rid] = subscriber
         try:
             # add_request waits for the engine lock (held during a tick): off the event loop.
             await self._loop.run_in_executor(self._pool, e.add_request, prompt, params, rid)
         except BaseException:
             self._queues.pop(rid, None)
+            self._routes.pop(rid, None)
             raise
         self._wake.set()
         return rid, q
@@ -198,6 +213,35 @@ class SchedulerActor:
                 yield merge_outputs(outs)
         finally:
             await self._forget(rid, finished)
+
+    async def submit(self, prompt=None, params: SamplingParams | None = None, request_id: str | None = None,
+                     messages: list[dict] | None = None, subscriber: str = "") -> str:
+        """Start a request whose outputs go to the subscription `subscriber` (see subscribe);
+        returns its id once the engine has taken it."""
+        rid, _ = await self._add(prompt, params, request_id, messages, subscriber)
+        return rid
+
+    async def subscribe(self, subscriber: str):
+        """One stream for all requests submitted under `subscriber` (call with
+        num_returns="streaming"): each item is a list of outputs, one per request that
+        made progress, merged, in order. A server with many streams pays one Ray item per
+        tick instead of one per request. Closing it aborts the subscriber's requests."""
+        self._ensure_started()
+        q = self._subscribers.setdefault(subscriber, asyncio.Queue())
+        try:
+            while True:
+                outs = [await q.get()]
+                while not q.empty():
+                    outs.append(q.get_nowait())
+                by_request: dict[str, list[RequestOutput]] = {}
+                for out in outs:
+                    by_request.setdefault(out.request_id, []).append(out)
+                yield [merge_outputs(v) for v in by_request.values()]
+        finally:
+            self._subscribers.pop(subscriber, None)
+            for rid in [r for r, sid in self._routes.items() if sid == subscriber]:
+                del self._routes[rid]
+                await self._loop.run_in_executor(self._pool, self.engine.abort, rid)
 
     async def _forget(self, rid: str, finished: bool) -> None:
         self._queues.pop(rid, None)
@@ -232,6 +276,7 @@ class SchedulerActor:
             "waiting": len(e.scheduler.waiting),
             "restarts": max(0, self.launcher.generation - 1),
             "ticks": self.ticks,
+            "step_seconds": self.step_seconds,
         }
 
     async def metrics(self) -> bytes:
@@ -252,6 +297,12 @@ class SchedulerActor:
             "# HELP tandem:shard_group_restarts Restarts of the shard group after a lost rank.",
             "# TYPE tandem:shard_group_restarts counter",
             f"tandem:shard_group_restarts_total {max(0, self.launcher.generation - 1)}",
+            "# HELP tandem:engine_ticks Engine steps run by the scheduler actor.",
+            "# TYPE tandem:engine_ticks counter",
+            f"tandem:engine_ticks_total {self.ticks}",
+            "# HELP tandem:engine_step_seconds Seconds spent inside engine steps.",
+            "# TYPE tandem:engine_step_seconds counter",
+            f"tandem:engine_step_seconds_total {self.step_seconds}",
             "",
         ]
         return "\n".join(lines).encode()
@@ -275,8 +326,7 @@ class SchedulerActor:
         self._wake.set()
         if self._thread is not None:
             await self._loop.run_in_executor(self._pool, self._thread.join, 30.0)
-        for rid in list(self._queues):
-            self._dispatch([_error_output(rid, "the server is shutting down")])
+        self._dispatch([error_output(rid, "the server is shutting down") for rid in [*self._queues, *self._routes]])
         self.engine.close()
         self.launcher.stop()
 
@@ -296,7 +346,7 @@ def _wait_for(lock: threading.Lock) -> None:
         pass
 
 
-def _error_output(rid: str, why: str) -> RequestOutput:
+def error_output(rid: str, why: str) -> RequestOutput:
     return RequestOutput(
         request_id=rid, prompt=None, prompt_token_ids=[], text="", token_ids=[], delta_text="", delta_token_ids=[],
         finished=True, finish_reason="error", error=why, usage=Usage(0, 0),

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.model.config import ModelConfig
+from tandem.model.cpu_linear import pack_linear_layers
 from tandem.model.kv_cache import KVCache
 
 
@@ -176,6 +177,7 @@ class LlamaForCausalLM(nn.Module):
         model.load_state_dict(state, strict=True, assign=True)
         model.tie_weights()
         model._build_rope_tables(device)
+        pack_linear_layers(model)  # float32 CPU forwards: oneDNN on packed weights (see cpu_linear)
         return model.eval().requires_grad_(False)
 
     @property

@@ -47,6 +47,7 @@ class OpenAIIngress:
             device=a.device,
             dtype=a.dtype,
         )
+        self.handle = self.handle.multiplexed()  # all HTTP streams share one Ray stream
         log.info("serving %s", self.handle.model_name)
 
     def __serve_build_asgi_app__(self):
