@@ -96,12 +96,12 @@ class DFlashDrafter:
         c = self.model.config
         B = self.block_size
         dev = self.device
-        starts = torch.tensor([len(h) for h in histories], dtype=torch.long, device=dev)  # [n] P: the last token's position
+        # one host->device copy: P (the last token's position), the last token, the slot
+        starts, last_t, slot_t = torch.tensor([[len(h) for h in histories], last_tokens, slots], dtype=torch.long, device=dev)
         block = torch.full((n, B), c.mask_token_id, dtype=torch.long, device=dev)
-        block[:, 0] = torch.tensor(last_tokens, dtype=torch.long, device=dev)
+        block[:, 0] = last_t
         positions = starts[:, None] + torch.arange(B, device=dev)  # [n, B]
         ctx_len = max(len(h) for h in histories)
-        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
         ctx_k = [k[slot_t, :, :ctx_len] for k in self.ctx_k]  # [n, hkv, C, d]
         ctx_v = [v[slot_t, :, :ctx_len] for v in self.ctx_v]
         ctx_ok = torch.arange(ctx_len, device=dev)[None, :] < starts[:, None]  # [n, C]
