@@ -15,7 +15,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="Target model (default: SmolLM2-135M-Instruct).")
     p.add_argument("--drafter", default="ngram", choices=DRAFTERS, help="Who proposes drafts.")
     p.add_argument("--draft-model", default=None, help="Draft model for --drafter draft-model.")
-    p.add_argument("--num-speculative-tokens", type=int, default=4, help="Most drafts per sequence per round.")
+    p.add_argument("--dflash-checkpoint", default=None, metavar="PATH",
+                   help="A DFlash checkpoint folder (config.json + *.safetensors) for --drafter dflash; default: the weights shipped for the model.")
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="Most drafts per sequence per round (default: block_size - 1 of the DFlash checkpoint with --drafter dflash, else 4).")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -53,10 +56,13 @@ def run(args) -> int:
         )
         if args.batch < 1:
             raise InvalidRequestError("batch", f"must be >= 1, got {args.batch}")
+        if args.dflash_checkpoint is not None and args.drafter != "dflash":
+            raise InvalidRequestError("dflash_checkpoint", f"is for --drafter dflash, not {args.drafter!r}")
         engine = Engine.from_config(
             model=args.model,
             drafter=args.drafter,
             draft_model=args.draft_model,
+            dflash_checkpoint=args.dflash_checkpoint,
             num_speculative_tokens=args.num_speculative_tokens,
             shards=args.shards,
             max_num_seqs=max(args.batch, 1),

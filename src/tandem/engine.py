@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence as Seq
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
@@ -65,7 +66,9 @@ class Engine:
         )
         self.requests: dict[str, Sequence] = {}
         self._reported: dict[str, tuple[int, str]] = {}  # request id -> (tokens, text) already handed out
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # held for a whole tick
+        self._submit_lock = threading.Lock()  # guards `requests` and `_inbox`; held briefly
+        self._inbox: deque[Sequence] = deque()  # added since the last tick began
         self._ids = 0
         self.recovering = False
 
@@ -100,7 +103,9 @@ class Engine:
         if self.recovering:
             raise EngineUnavailableError("the shard group is recovering; retry shortly")
         ids = self._prompt_ids(prompt)
-        with self._lock:
+        # Only the short submit lock, never the tick's: a request sent during a tick waits
+        # in the inbox, and the next tick takes every waiting one at once.
+        with self._submit_lock:
             if request_id is None:
                 self._ids += 1
                 request_id = f"req-{self._ids}"
@@ -118,7 +123,7 @@ class Engine:
             )
             seq.spec = self.adaptive.new_state()
             self.requests[request_id] = seq
-            self.scheduler.add(seq)
+            self._inbox.append(seq)
         return request_id
 
     def _prompt_ids(self, prompt) -> list[int]:
@@ -150,12 +155,15 @@ class Engine:
             return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work
+        return bool(self._inbox) or self.scheduler.has_work
 
     # ---- the tick -----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         with self._lock:
+            with self._submit_lock:
+                while self._inbox:
+                    self.scheduler.add(self._inbox.popleft())
             if not self.group.healthy():
                 self._recover()
             self._admit()
@@ -232,13 +240,16 @@ class Engine:
 
     def _collect(self) -> list[RequestOutput]:
         outs = []
-        for rid, seq in list(self.requests.items()):
+        with self._submit_lock:
+            requests = list(self.requests.items())
+        for rid, seq in requests:
             prev_tokens, _ = self._reported.get(rid, (0, ""))
             if len(seq.output_ids) != prev_tokens or seq.finished:
                 outs.append(self._output(seq))
             if seq.finished:
                 self.metrics.requests_finished.labels(finished_reason=seq.finish_reason.value).inc()
-                del self.requests[rid]
+                with self._submit_lock:
+                    del self.requests[rid]
                 self._reported.pop(rid, None)
         done = self.scheduler.reap()
         slots = [s.slot for s in done if s.slot is not None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.drafters.factory import RankDrafterInfo
 from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
@@ -35,6 +36,10 @@ def through_the_wire(msg):
         (ShardSpec(), codec.encode_spec, codec.decode_spec),
         (ShardSpec(model="some/model", dtype="bfloat16", device="cuda:1", num_slots=3, max_seq_len=99, row_budget=17,
                    drafter="draft-model", draft_model="smollm2", num_speculative_tokens=6), codec.encode_spec, codec.decode_spec),
+        (ShardSpec(drafter="dflash", dflash_checkpoint="/ckpt/dflash-smollm2", num_speculative_tokens=7),
+         codec.encode_spec, codec.decode_spec),
+        (RankDrafterInfo("dflash", "/ckpt/dflash-smollm2", 7), codec.encode_drafter_info, codec.decode_drafter_info),
+        (RankDrafterInfo(), codec.encode_drafter_info, codec.decode_drafter_info),
         (ShardLimits(num_slots=8, max_seq_len=256, row_budget=64, vocab_size=49152, world_size=2, drafter="dflash",
                      propose_batch_max=16), codec.encode_limits, codec.decode_limits),
         ([PrefillItem(3, [1, 2, 3]), PrefillItem(0, [49151], SAMPLED)], codec.encode_prefill, codec.decode_prefill),
@@ -88,3 +93,8 @@ def test_the_committed_stubs_are_what_the_proto_generates():
     from tandem.rpc import regen
 
     assert regen.main(["--check"]) == 0
+
+
+def test_an_unset_checkpoint_stays_unset_and_an_old_reply_reads_as_no_drafter():
+    assert not codec.encode_spec(ShardSpec(drafter="dflash")).HasField("dflash_checkpoint")
+    assert codec.decode_drafter_info(pb.InitReply().drafter) == RankDrafterInfo()

@@ -10,8 +10,10 @@ import os
 log = logging.getLogger("tandem.actors")
 
 # What every tandem Ray process should see; RAY_AUTH_MODE=disabled keeps a local
-# cluster token-free, and usage stats stay off.
-_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+# cluster token-free, and usage stats stay off. Ray starts its workers at nice 15,
+# which on a busy CPU node lets any other process preempt the model's forward (measured
+# here: +10-20% verify time while benchmark clients ran); a serving node wants them at 0.
+_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_worker_niceness": "0"}
 
 
 def local_cpus() -> int:

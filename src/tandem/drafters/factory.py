@@ -1,6 +1,10 @@
 """The one place that turns a drafter's name into a drafter."""
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
+
 DRAFTERS = ("none", "ngram", "draft-model", "dflash")
 RANK_DRAFTERS = ("draft-model", "dflash")  # drafters with a model: they live on shard rank 0
 
@@ -11,6 +15,51 @@ def check_drafter_name(name: str) -> str:
     if name not in DRAFTERS:
         raise InvalidRequestError("drafter", f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     return name
+
+
+def dflash_target_name(model: str | None) -> str:
+    """The name load_model gives `model` (what the shipped DFlash weights are keyed by),
+    without loading it: mirrors tandem.model.loader.resolve_model_folder."""
+    from tandem.model import registry
+
+    spec = model or registry.DEFAULT_MODEL
+    known = registry.lookup(spec)
+    if known is not None:
+        return known.name
+    if spec.endswith(".gguf"):
+        return os.path.basename(spec)[: -len(".gguf")]
+    if os.path.isdir(spec):
+        return os.path.basename(os.path.normpath(spec))
+    return spec
+
+
+def resolve_dflash_checkpoint(model: str | None, checkpoint: str | None) -> tuple[str, int]:
+    """(absolute folder, block_size) of the DFlash checkpoint an engine on `model` loads:
+    `checkpoint`, or the weights shipped for the model when it is None. Reads only the
+    folder's config.json; InvalidRequestError naming dflash_checkpoint when it does not fit."""
+    from tandem.drafters.dflash import DFlashConfig, shipped_checkpoint
+    from tandem.errors import InvalidRequestError
+
+    field = "dflash_checkpoint"
+    if checkpoint is None:
+        try:
+            folder = shipped_checkpoint(dflash_target_name(model))
+        except ValueError as e:
+            raise InvalidRequestError(field, str(e)) from None
+    else:
+        folder = os.path.abspath(os.path.expanduser(checkpoint))
+        if not os.path.isdir(folder):
+            raise InvalidRequestError(field, f"{checkpoint!r} is not a folder (give a DFlash checkpoint folder)")
+    config_path = os.path.join(folder, "config.json")
+    has_weights = any(name.endswith(".safetensors") for name in os.listdir(folder))
+    if not os.path.isfile(config_path) or not has_weights:
+        raise InvalidRequestError(field, f"{folder!r} is not a DFlash checkpoint (it needs config.json and *.safetensors)")
+    try:
+        with open(config_path) as f:
+            config = DFlashConfig.from_dict(json.load(f))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise InvalidRequestError(field, f"{folder!r} is not a DFlash checkpoint: {type(e).__name__}: {e}") from None
+    return folder, config.block_size
 
 
 def build_drafter(name: str, group, *, ngram_max: int = 4, ngram_min: int = 1):
@@ -27,6 +76,27 @@ def build_drafter(name: str, group, *, ngram_max: int = 4, ngram_min: int = 1):
     from tandem.drafters.rank_proxy import RankDrafterProxy
 
     return RankDrafterProxy(group, name)
+
+
+@dataclass(frozen=True)
+class RankDrafterInfo:
+    """What a rank's rank-side drafter was built from (InitReply.drafter on the wire)."""
+
+    kind: str = "none"
+    source: str = ""  # the DFlash checkpoint folder, or the draft model spec
+    max_drafts: int = 0  # the most drafts a propose gives a sequence; 0 = no cap
+
+
+def rank_drafter_info(spec, target_name: str, drafter) -> RankDrafterInfo:
+    """The RankDrafterInfo of `drafter` (None on ranks > 0), built from ShardSpec `spec`."""
+    if drafter is None:
+        return RankDrafterInfo()
+    if spec.drafter == "dflash":
+        from tandem.drafters.dflash import shipped_checkpoint
+
+        folder = spec.dflash_checkpoint or shipped_checkpoint(target_name)
+        return RankDrafterInfo("dflash", os.path.abspath(folder), drafter.block_size - 1)
+    return RankDrafterInfo(spec.drafter, spec.draft_model or "", 0)
 
 
 def build_rank_drafter(spec, target, *, device, dtype, progress: bool = True):

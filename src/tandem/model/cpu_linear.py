@@ -39,14 +39,55 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (w.device.type != "cpu" or w.dtype != torch.float32 or x.dtype != torch.float32
-                or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+        if not _packable(w, x):
             return F.linear(x, w, self.bias)
         source, version = self._packed_from
         if source is not w or version != _version(w):
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS_HINT)
+            self._packed = _pack(w)
             self._packed_from = (w, _version(w))  # a tuple, so nn.Module does not register it
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+
+
+class FusedLinears:
+    """Several linear layers that read the same input (q/k/v, gate/up) as ONE packed GEMM
+    on the CPU: at 40 rows one wide GEMM runs 10-20% faster than three narrow ones, and
+    a 192-wide k or v projection alone reaches only half of the wide one's GFLOPS.
+
+    Held by the parent module as a plain attribute; the layers keep their own parameters
+    (so loading and tensor-parallel sharding see nothing new), and the fused pack is
+    remade whenever one of their weights is replaced or changed. Elsewhere (a GPU, bf16,
+    autograd) each layer runs on its own."""
+
+    def __init__(self, *layers: nn.Linear):
+        self.layers = layers
+        self._packed: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+        self._sizes: list[int] = []
+        self._packed_from: tuple = ()
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        ws = [layer.weight for layer in self.layers]
+        if not all(type(layer) is PackedLinear and _packable(layer.weight, x) for layer in self.layers):
+            return [layer(x) for layer in self.layers]
+        key = tuple((w, _version(w)) for w in ws)
+        if len(key) != len(self._packed_from) or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(key, self._packed_from)):
+            self._packed = _pack(torch.cat([w.detach() for w in ws]))
+            biases = [layer.bias for layer in self.layers]
+            self._bias = None if all(b is None for b in biases) else torch.cat(
+                [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, ws)])
+            self._sizes = [w.shape[0] for w in ws]
+            self._packed_from = key
+        out = torch.ops.mkldnn._linear_pointwise(x, self._packed, self._bias, "none", [], "")
+        return list(out.split(self._sizes, dim=-1))
+
+
+def _packable(w: torch.Tensor, x: torch.Tensor) -> bool:
+    return (w.device.type == "cpu" and w.dtype == torch.float32 and x.dtype == torch.float32
+            and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)))
+
+
+def _pack(w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS_HINT)
 
 
 def _version(t: torch.Tensor) -> int:

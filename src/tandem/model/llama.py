@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.model.config import ModelConfig
-from tandem.model.cpu_linear import pack_linear_layers
+from tandem.model.cpu_linear import FusedLinears, pack_linear_layers
 from tandem.model.kv_cache import KVCache
 
 
@@ -75,6 +75,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
+        self.qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)  # one GEMM where packed (CPU)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -84,9 +85,10 @@ class Attention(nn.Module):
         n, k, _ = x.shape
         d = self.head_dim
         # Head counts come from the weights, so a tensor-parallel shard needs no other change.
-        q = self.q_proj(x).view(n, k, -1, d)  # [n, k, hq, d]
-        key = self.k_proj(x).view(n, k, -1, d)  # [n, k, hkv, d]
-        value = self.v_proj(x).view(n, k, -1, d)  # [n, k, hkv, d]
+        q, key, value = self.qkv(x)
+        q = q.view(n, k, -1, d)  # [n, k, hq, d]
+        key = key.view(n, k, -1, d)  # [n, k, hkv, d]
+        value = value.view(n, k, -1, d)  # [n, k, hkv, d]
         hq, hkv = q.shape[2], key.shape[2]
         g = hq // hkv
         q = q * cos + rotate_half(q) * sin
@@ -115,9 +117,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up = FusedLinears(self.gate_proj, self.up_proj)  # one GEMM where packed (CPU)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

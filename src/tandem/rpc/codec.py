@@ -6,6 +6,7 @@ which travels modulo 2**64 (the counter-based sampler uses no more of it).
 """
 from __future__ import annotations
 
+from tandem.drafters.factory import RankDrafterInfo
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
     PrefillItem,
@@ -53,6 +54,8 @@ def encode_spec(spec: ShardSpec) -> pb.ShardSpec:
         m.model = spec.model
     if spec.draft_model is not None:
         m.draft_model = spec.draft_model
+    if spec.dflash_checkpoint is not None:
+        m.dflash_checkpoint = spec.dflash_checkpoint
     return m
 
 
@@ -66,6 +69,7 @@ def decode_spec(m: pb.ShardSpec) -> ShardSpec:
         row_budget=m.row_budget,
         drafter=m.drafter,
         draft_model=m.draft_model if m.HasField("draft_model") else None,
+        dflash_checkpoint=m.dflash_checkpoint if m.HasField("dflash_checkpoint") else None,
         num_speculative_tokens=m.num_speculative_tokens,
     )
 
@@ -92,6 +96,14 @@ def decode_limits(m: pb.ShardLimits) -> ShardLimits:
         drafter=m.drafter,
         propose_batch_max=m.propose_batch_max,
     )
+
+
+def encode_drafter_info(x: RankDrafterInfo) -> pb.DrafterInfo:
+    return pb.DrafterInfo(kind=x.kind, source=x.source, max_drafts=x.max_drafts)
+
+
+def decode_drafter_info(m: pb.DrafterInfo) -> RankDrafterInfo:
+    return RankDrafterInfo(kind=m.kind or "none", source=m.source, max_drafts=m.max_drafts)
 
 
 # ---- prefill ------------------------------------------------------------------------------

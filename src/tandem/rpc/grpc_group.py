@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from tandem.drafters.factory import RankDrafterInfo
 from tandem.errors import ShapeError, ShardError
 from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
@@ -78,6 +79,7 @@ class _Reply:
 
 class GrpcShardGroup:
     limits: ShardLimits
+    drafter_info: RankDrafterInfo  # what rank 0's rank-side drafter was built from
 
     def __init__(
         self,
@@ -208,10 +210,22 @@ class GrpcShardGroup:
         replies = self._fan_out("Init", requests, self.init_deadline_s)
         self._raise_on_start_failure(replies, "init")
         self.limits = codec.decode_limits(replies[0].value.limits)
+        self.drafter_info = codec.decode_drafter_info(replies[0].value.drafter)
+        self._check_drafter()
         self.rules = ShapeRules(num_slots=self.limits.num_slots, row_budget=self.limits.row_budget)
         self.last_failure = None
         self._healthy = True
         log.info("shard group of %d ranks ready at %s", world, ", ".join(self.addresses))
+
+    def _check_drafter(self) -> None:
+        """Rank 0 loaded its drafter from its own file system: say what it loaded, and warn
+        when its checkpoint caps the drafts below what the scheduler was configured for."""
+        info, gamma = self.drafter_info, self.spec.num_speculative_tokens
+        if info.kind != "none":
+            log.info("rank 0 drafter: %s from %s", info.kind, info.source)
+        if info.max_drafts and gamma > info.max_drafts:
+            log.warning("rank 0's %s drafter (%s) drafts at most %d tokens; num_speculative_tokens is %d",
+                        info.kind, info.source, info.max_drafts, gamma)
 
     def _raise_on_start_failure(self, replies: list[_Reply], what: str) -> None:
         failed = [r for r in replies if not r.ok]

@@ -152,6 +152,7 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         spec, rank, world = codec.decode_spec(request.spec), request.rank, request.world_size
         if world < 1 or not 0 <= rank < world:
             raise ShapeError("0<=rank<world_size", f"rank {rank} of world size {world}")
+        from tandem.drafters.factory import rank_drafter_info
         from tandem.shard.factory import build_model_shard, resolve_device
 
         device = resolve_device(spec.device)
@@ -165,10 +166,11 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         if world > 1:
             tp_group = _join_collective_group(request, device)
         self.rank, self.world_size = rank, world
-        shard, _ = build_model_shard(spec, rank=rank, world_size=world, tp_group=tp_group, progress=False)
+        shard, loaded = build_model_shard(spec, rank=rank, world_size=world, tp_group=tp_group, progress=False)
         self.shard = shard
-        log.info("rank %d/%d ready on %s", rank, world, device)
-        return pb.InitReply(limits=codec.encode_limits(shard.limits))
+        drafter = rank_drafter_info(spec, loaded.name, shard.drafter)
+        log.info("rank %d/%d ready on %s (drafter %s %s)", rank, world, device, drafter.kind, drafter.source)
+        return pb.InitReply(limits=codec.encode_limits(shard.limits), drafter=codec.encode_drafter_info(drafter))
 
     def _verify(self, cmd) -> pb.VerifyResult:
         with self._armed_fault():

@@ -40,6 +40,7 @@ class OpenAIIngress:
             name=a.engine_actor_name,
             namespace=ENGINE_NAMESPACE,
             draft_model=a.draft_model,
+            dflash_checkpoint=a.dflash_checkpoint,
             num_speculative_tokens=a.num_speculative_tokens,
             max_num_seqs=a.max_num_seqs,
             max_seq_len=a.max_seq_len,

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tandem.drafters.factory import resolve_dflash_checkpoint
+from tandem.errors import InvalidRequestError
 
 
 class TandemServeArgs(BaseModel):
@@ -13,7 +16,8 @@ class TandemServeArgs(BaseModel):
     served_model_name: str | None = Field(None, description="The model id clients send and /v1/models lists; defaults to the model's name.")
     drafter: Literal["none", "ngram", "draft-model", "dflash"] = Field("ngram", description="Who proposes drafts: none, n-gram prompt lookup, a draft model, or DFlash.")
     draft_model: str | None = Field(None, description="The draft model for drafter=draft-model; must share the target's tokenizer.")
-    num_speculative_tokens: int = Field(4, ge=0, le=16, description="Most drafts per sequence per verify round.")
+    dflash_checkpoint: str | None = Field(None, description="For drafter=dflash: a DFlash checkpoint folder (config.json + *.safetensors) on the shard nodes; None = the weights shipped for the model.")
+    num_speculative_tokens: int | None = Field(None, ge=0, le=16, description="Most drafts per sequence per verify round; None = block_size - 1 of the DFlash checkpoint for drafter=dflash, else 4.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="Shard ranks the target is split over (one shard actor each, one GPU each where there are GPUs).")
     max_num_seqs: int = Field(32, ge=1, le=4096, description="Sequences running at once (KV slots per rank).")
     max_seq_len: int = Field(1024, ge=16, le=131072, description="Context length per sequence (prompt + output).")
@@ -30,3 +34,29 @@ class TandemServeArgs(BaseModel):
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests the ingress replica takes at once (Serve's max_ongoing_requests); more wait in the proxy.")
     in_process_target: bool = Field(False, description="Keep the single rank inside the scheduler actor (no shard actors, no gRPC, no shard restarts); only with tensor_parallel_size 1.")
     engine_actor_name: str | None = Field(None, description="Name the scheduler actor (Ray namespace 'tandem') so other Ray programs can use the served engine through tandem.actors.connect(name).")
+
+    @field_validator("dflash_checkpoint")
+    @classmethod
+    def _absolute_checkpoint(cls, value: str | None) -> str | None:
+        # checked here, and made absolute: the shard actors do not run in this cwd
+        if value is None:
+            return None
+        try:
+            return resolve_dflash_checkpoint(None, value)[0]
+        except InvalidRequestError as e:
+            raise ValueError(e.message) from None
+
+    @model_validator(mode="after")
+    def _check_dflash(self) -> "TandemServeArgs":
+        if self.dflash_checkpoint is not None and self.drafter != "dflash":
+            raise ValueError(f"dflash_checkpoint: is for drafter=dflash, not {self.drafter!r}")
+        if self.drafter == "dflash":
+            try:
+                _, block_size = resolve_dflash_checkpoint(self.model, self.dflash_checkpoint)
+            except InvalidRequestError as e:
+                raise ValueError(str(e)) from None
+            gamma = self.num_speculative_tokens
+            if gamma is not None and gamma > block_size - 1:
+                raise ValueError(f"num_speculative_tokens: the DFlash checkpoint drafts at most block_size - 1 = "
+                                 f"{block_size - 1} tokens, got {gamma}")
+        return self

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
+
+from pydantic import ValidationError
 
 from tandem.serve.args import TandemServeArgs
 
@@ -24,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help=fields["served_model_name"].description)
     p.add_argument("--drafter", default="ngram", choices=["none", "ngram", "draft-model", "dflash"], help=fields["drafter"].description)
     p.add_argument("--draft-model", default=None, help=fields["draft_model"].description)
-    p.add_argument("--num-speculative-tokens", type=int, default=4, help=fields["num_speculative_tokens"].description)
+    p.add_argument("--dflash-checkpoint", default=None, metavar="PATH", help=fields["dflash_checkpoint"].description)
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help=fields["num_speculative_tokens"].description)
     p.add_argument("--shards", "--tensor-parallel-size", dest="shards", type=int, default=1, help=fields["tensor_parallel_size"].description)
     p.add_argument("--max-num-seqs", type=int, default=32, help=fields["max_num_seqs"].description)
     p.add_argument("--max-seq-len", type=int, default=1024, help=fields["max_seq_len"].description)
@@ -50,6 +54,7 @@ def serve_args(args: argparse.Namespace) -> TandemServeArgs:
         served_model_name=args.served_model_name,
         drafter=args.drafter,
         draft_model=args.draft_model,
+        dflash_checkpoint=args.dflash_checkpoint,
         num_speculative_tokens=args.num_speculative_tokens,
         tensor_parallel_size=args.shards,
         max_num_seqs=args.max_num_seqs,
@@ -62,6 +67,16 @@ def serve_args(args: argparse.Namespace) -> TandemServeArgs:
     )
 
 
+def validation_message(e: ValidationError) -> str:
+    """Every bad argument on one line, each naming its field."""
+    parts = []
+    for err in e.errors():
+        field = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{field}: {msg}" if field else msg)
+    return "; ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
@@ -69,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
     from tandem.actors.cluster import init_local_ray
     from tandem.serve.app import build_app
 
-    app_args = serve_args(args)  # validate before starting anything
+    try:
+        app_args = serve_args(args)  # validate before starting anything
+    except ValidationError as e:
+        print(f"tandem serve: {validation_message(e)}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     started = init_local_ray(address=args.address, num_cpus=args.num_cpus)
     # after ray.init, which installs its own SIGTERM handler

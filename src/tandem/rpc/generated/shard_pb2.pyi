@@ -12,7 +12,7 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("model", "dtype", "device", "num_slots", "max_seq_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens")
+    __slots__ = ("model", "dtype", "device", "num_slots", "max_seq_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens", "dflash_checkpoint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class ShardSpec(_message.Message):
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DFLASH_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     device: str
@@ -31,7 +32,8 @@ class ShardSpec(_message.Message):
     drafter: str
     draft_model: str
     num_speculative_tokens: int
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
+    dflash_checkpoint: str
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., dflash_checkpoint: _Optional[str] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("spec", "rank", "world_size", "collective_address", "collective_timeout_s", "backend")
@@ -67,11 +69,23 @@ class ShardLimits(_message.Message):
     propose_batch_max: int
     def __init__(self, num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., vocab_size: _Optional[int] = ..., world_size: _Optional[int] = ..., drafter: _Optional[str] = ..., propose_batch_max: _Optional[int] = ...) -> None: ...
 
+class DrafterInfo(_message.Message):
+    __slots__ = ("kind", "source", "max_drafts")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    source: str
+    max_drafts: int
+    def __init__(self, kind: _Optional[str] = ..., source: _Optional[str] = ..., max_drafts: _Optional[int] = ...) -> None: ...
+
 class InitReply(_message.Message):
-    __slots__ = ("limits",)
+    __slots__ = ("limits", "drafter")
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
     limits: ShardLimits
-    def __init__(self, limits: _Optional[_Union[ShardLimits, _Mapping]] = ...) -> None: ...
+    drafter: DrafterInfo
+    def __init__(self, limits: _Optional[_Union[ShardLimits, _Mapping]] = ..., drafter: _Optional[_Union[DrafterInfo, _Mapping]] = ...) -> None: ...
 
 class CollectivePortReply(_message.Message):
     __slots__ = ("port",)

@@ -1,0 +1,50 @@
+"""Requests sent while a tick runs are taken at once (into the inbox), not after it: a
+server thread must never wait a whole tick (or several, the tick lock being unfair) to
+hand a request in, and the next tick admits every request that arrived."""
+from __future__ import annotations
+
+import threading
+
+from tandem.sampling_params import SamplingParams
+
+
+class GatedGroup:
+    """A real group whose verify waits until the test opens the gate: a tick in progress."""
+
+    def __init__(self, inner):
+        self.inner, self.limits = inner, inner.limits
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def verify(self, cmd):
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return self.inner.verify(cmd)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_add_request_does_not_wait_for_the_running_tick(make_engine, local_group):
+    group = GatedGroup(local_group)
+    engine = make_engine("none", group=group)
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    first = engine.add_request("The capital of France is", params)
+    ticker = threading.Thread(target=engine.step)
+    ticker.start()
+    try:
+        assert group.entered.wait(30), "the tick never reached its verify"
+        added = []
+        adder = threading.Thread(target=lambda: added.extend(
+            engine.add_request(p, params) for p in ("One, two, three,", "Roses are red,")))
+        adder.start()
+        adder.join(5)
+        assert not adder.is_alive(), "add_request waited for the tick in progress"
+        assert len(added) == 2 and engine.has_unfinished()
+    finally:
+        group.gate.set()
+        ticker.join(30)
+    outs = {}
+    while engine.has_unfinished():
+        outs.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert set(outs) == {first, *added}
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 3 for o in outs.values())

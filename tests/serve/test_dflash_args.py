@@ -1,0 +1,67 @@
+"""The Serve builder args and `tandem serve` for the DFlash drafter: dflash_checkpoint is
+checked (the error names it) and made absolute, and num_speculative_tokens is left to the
+engine unless given, when it may not exceed the checkpoint's block_size - 1."""
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint
+from tandem.serve import cli as serve_cli
+from tandem.serve.args import TandemServeArgs
+
+
+@pytest.fixture(scope="module")
+def block4(tmp_path_factory) -> str:
+    config = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
+                          vocab_size=128, target_layer_ids=(0, 1), block_size=4, mask_token_id=127, num_target_layers=2)
+    folder = tmp_path_factory.mktemp("dflash-block4")
+    save_dflash_checkpoint(DFlashDraftModel(config).init_weights(0), str(folder))
+    return str(folder)
+
+
+def refusal(**fields) -> str:
+    with pytest.raises(ValidationError) as info:
+        TandemServeArgs(**fields)
+    return serve_cli.validation_message(info.value)
+
+
+def test_the_checkpoint_is_made_absolute_and_the_draft_count_left_to_the_engine(block4, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(block4))
+    args = TandemServeArgs(drafter="dflash", dflash_checkpoint=os.path.basename(block4))
+    assert args.dflash_checkpoint == block4
+    assert args.num_speculative_tokens is None
+    assert TandemServeArgs.model_validate(args.model_dump()) == args  # the replica validates it again
+
+
+def test_a_bad_checkpoint_or_draft_count_is_refused_naming_the_field(block4, tmp_path):
+    assert refusal(drafter="dflash", dflash_checkpoint=str(tmp_path / "nope")).startswith("dflash_checkpoint: ")
+    assert "config.json" in refusal(drafter="dflash", dflash_checkpoint=str(tmp_path))
+    assert refusal(drafter="ngram", dflash_checkpoint=block4).startswith("dflash_checkpoint: ")
+    assert refusal(drafter="dflash", model="qwen2.5-coder-0.5b").startswith("dflash_checkpoint: ")
+    too_many = refusal(drafter="dflash", dflash_checkpoint=block4, num_speculative_tokens=4)
+    assert too_many.startswith("num_speculative_tokens: ") and "block_size - 1 = 3" in too_many
+    assert refusal(drafter="dflash", num_speculative_tokens=8).startswith("num_speculative_tokens: ")
+    assert TandemServeArgs(drafter="dflash", dflash_checkpoint=block4, num_speculative_tokens=3).num_speculative_tokens == 3
+
+
+def cli_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    return parser.parse_args(["--gpus-per-shard", "0", *argv])
+
+
+def test_tandem_serve_takes_the_checkpoint_flag(block4):
+    args = serve_cli.serve_args(cli_args("--drafter", "dflash", "--dflash-checkpoint", block4))
+    assert (args.drafter, args.dflash_checkpoint, args.num_speculative_tokens) == ("dflash", block4, None)
+
+
+def test_tandem_serve_refuses_a_bad_checkpoint_before_starting_ray(tmp_path, capsys, monkeypatch):
+    import tandem.actors.cluster
+
+    monkeypatch.setattr(tandem.actors.cluster, "init_local_ray", lambda **_: pytest.fail("Ray was started"))
+    assert serve_cli.run(cli_args("--drafter", "dflash", "--dflash-checkpoint", str(tmp_path / "nope"))) == 2
+    assert "tandem serve: dflash_checkpoint: " in capsys.readouterr().err
