@@ -14,6 +14,7 @@ plain decoding n / T(n). The best cap wins, 0 included.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 GAMMA_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16)
@@ -91,6 +92,8 @@ class BatchCostModel:
     def record_forward(self, rows: int, ms: float) -> None:
         b = self._bucket(rows)
         old = self.forward_ms.get(b)
+        if old is not None:
+            ms = min(ms, 2.0 * old)  # one stall (a busy machine, a GC pause) moves the estimate by ema * old at most
         self.forward_ms[b] = ms if old is None else (1 - self.ema) * old + self.ema * ms
 
     def record_propose(self, steps: int, ms: float) -> None:
@@ -104,24 +107,34 @@ class BatchCostModel:
         if not self.forward_ms:
             return None
         b = self._bucket(rows)
-        if b in self.forward_ms:
-            return self.forward_ms[b]
         below = [k for k in self.forward_ms if k < b]
-        above = [k for k in self.forward_ms if k > b]
-        if below:  # optimistic until measured: the largest smaller bucket's cost
-            return self.forward_ms[max(below)]
-        return self.forward_ms[min(above)]
+        at_or_above = [v for k, v in self.forward_ms.items() if k >= b]
+        if b in self.forward_ms:
+            t = self.forward_ms[b]
+        elif below:  # optimistic until measured: the largest smaller bucket's cost
+            t = self.forward_ms[max(below)]
+        else:
+            t = min(at_or_above)
+        # more rows never cost less: a bucket priced above a larger one (a first forward
+        # that paid for allocations, a stall) is held to it, or it would never be tried again
+        return min([t, *at_or_above])
 
-    def best_cap(self, gammas: list[int], alphas: list[float], ladder: tuple[int, ...]) -> int:
-        """The draft cap for this tick; max(ladder) when nothing is measured yet."""
+    def best_cap(self, gammas: list[int], alphas: list[float], ladder: tuple[int, ...],
+                 plan: Callable[[list[int]], float | None] | None = None) -> int:
+        """The draft cap for this tick; max(ladder) when nothing is measured yet.
+
+        gammas/alphas: every running sequence's (gamma 0 for one whose speculation is off:
+        it still takes a row and yields a token). plan(draft counts) prices the tick's
+        forwards as the scheduler will batch them (tandem.batching.plan_cost: padded
+        merges or one forward per count); without it, one forward of sum(g + 1) rows."""
         n = len(gammas)
         if n == 0 or not self.forward_ms:
             return max(ladder)
+        price = plan or (lambda gs: self.estimate(sum(g + 1 for g in gs)))
         best_cap, best_rate = 0, None
         for cap in ladder:
             gs = [min(g, cap) for g in gammas]
-            rows = sum(g + 1 for g in gs)
-            t = self.estimate(rows)
+            t = price(gs)
             if t is None:
                 return max(ladder)
             t += (self.propose_ms_per_step or 0.0) * max(gs)

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence as Seq
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
+from tandem.batching import plan_cost
 from tandem.clock import Clock, MonotonicClock
 from tandem.config import EngineConfig
 from tandem.detokenizer import Detokenizer
@@ -168,7 +169,7 @@ class Engine:
                 self._recover()
             self._admit()
             self.ctx.draft_cap = self._draft_cap()
-            for batch in self.scheduler.verify_batches():
+            for batch in self.scheduler.verify_batches(self.ctx.cost.estimate):
                 verify_step(batch, self.ctx)
                 if not self.group.healthy():
                     break  # the rest wait for the recovery next tick
@@ -233,8 +234,11 @@ class Engine:
     def _draft_cap(self) -> int:
         if not self.config.adaptive:
             return self.adaptive.max_gamma
-        live = [s for s in self.scheduler.running if not s.finished and self.adaptive.allowed(s.spec, len(s.output_ids))]
-        return self.ctx.cost.best_cap([s.spec.gamma for s in live], [s.spec.alpha for s in live], self.adaptive.ladder)
+        live = [s for s in self.scheduler.running if not s.finished]
+        gammas = [s.spec.gamma if self.adaptive.allowed(s.spec, len(s.output_ids)) else 0 for s in live]
+        sched, cost = self.scheduler, self.ctx.cost
+        return cost.best_cap(gammas, [s.spec.alpha for s in live], self.adaptive.ladder,
+                             plan=lambda gs: plan_cost(gs, sched.row_budget, sched.max_batch, cost.estimate))
 
     # ---- outputs ------------------------------------------------------------------------
 

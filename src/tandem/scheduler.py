@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from tandem.batching import CostFn, plan_verify_batches
 from tandem.sequence import Sequence, Status
 
 
@@ -31,19 +32,11 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
-    def verify_batches(self) -> list[list[Sequence]]:
-        """Running sequences grouped by draft count (uniform k per batch), each group
-        chunked so that n*k stays within the row budget."""
-        groups: dict[int, list[Sequence]] = {}
-        for seq in self.running:
-            if not seq.finished:
-                groups.setdefault(len(seq.drafts), []).append(seq)
-        batches = []
-        for g in sorted(groups, reverse=True):
-            per_batch = max(1, min(self.max_batch, self.row_budget // (g + 1)))
-            seqs = groups[g]
-            batches += [seqs[i : i + per_batch] for i in range(0, len(seqs), per_batch)]
-        return batches
+    def verify_batches(self, cost: CostFn | None = None) -> list[list[Sequence]]:
+        """Running sequences in verify batches within the row budget: greedy ones of
+        different draft counts share a padded batch where the cost model says it pays
+        (see tandem.batching), the others go by exact draft count."""
+        return plan_verify_batches(self.running, self.row_budget, self.max_batch, cost)
 
     def reap(self) -> list[Sequence]:
         """Remove finished sequences from the running set; their slots go back to the pool."""

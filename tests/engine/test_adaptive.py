@@ -50,3 +50,27 @@ def test_batch_cap_keeps_speculation_when_rows_are_cheap():
 
 def test_nothing_measured_means_full_speculation():
     assert BatchCostModel().best_cap([4], [0.5], (0, 1, 2, 4)) == 4
+
+
+def test_batch_cap_prices_the_forwards_the_scheduler_will_run():
+    from tandem.batching import plan_cost
+
+    cost = BatchCostModel()
+    for rows in (8, 16, 32, 64, 128, 256):
+        cost.record_forward(rows, 20.0 + 0.5 * rows)  # a fixed cost a forward, then compute
+    gammas, alphas = [4] * 8 + [0] * 24, [0.9] * 8 + [0.7] * 24  # 24 with speculation off
+    plan = lambda gs: plan_cost(gs, 512, 64, cost.estimate)  # noqa: E731
+    # two forwards (8 x 5 rows, 24 x 1) or one padded (32 x 5): either costs more than
+    # the drafts of 8 sequences bring in, so speculation stays off this tick
+    assert cost.best_cap(gammas, alphas, (0, 1, 2, 4), plan=plan) == 0
+    # one forward of sum(g + 1) = 64 rows is the optimistic price, which would speculate
+    assert cost.best_cap(gammas, alphas, (0, 1, 2, 4)) > 0
+
+
+def test_a_bucket_never_costs_more_than_a_larger_one():
+    cost = BatchCostModel()
+    cost.record_forward(32, 560.0)  # a first forward that paid for allocations
+    cost.record_forward(160, 140.0)
+    assert cost.estimate(32) == 140.0
+    assert cost.estimate(160) == 140.0
+    assert cost.estimate(8) == 140.0  # unmeasured and below every bucket: the smallest larger one

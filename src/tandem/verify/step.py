@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
+from tandem.batching import batch_width
 from tandem.clock import Clock
 from tandem.detokenizer import Detokenizer
 from tandem.errors import ShapeError, ShardError
@@ -48,7 +49,7 @@ class StepContext:
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
-    n, g = len(batch), len(batch[0].drafts)
+    n, g = len(batch), batch_width(batch)
     k = g + 1
     drafts = [s.drafts for s in batch]
     for s in batch:
@@ -59,7 +60,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
         k=k,
         slots=[s.slot for s in batch],
         start_pos=[s.kv_len for s in batch],
-        tokens=[t for s, d in zip(batch, drafts) for t in [s.last_token, *d]],
+        tokens=[t for s, d in zip(batch, drafts) for t in padded_rows(s.last_token, d, k)],
         sampling=[s.sampling for s in batch],
     )
     t0 = ctx.clock.now()
@@ -80,12 +81,20 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     for i, s in enumerate(batch):
         s.verify_failures = 0
         emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx)
-    ctx.metrics.record_verify([g] * n, accepted)
+    ctx.metrics.record_verify([len(d) for d in drafts], accepted)
 
     t1 = ctx.clock.now()
     propose_drafts([s for s in batch if not s.finished], ctx)
     propose_ms = (ctx.clock.now() - t1) * 1000.0
-    ctx.metrics.log_tick(n, g, sum(accepted), n * g, verify_ms, propose_ms)
+    ctx.metrics.log_tick(n, g, sum(accepted), sum(len(d) for d in drafts), verify_ms, propose_ms)
+
+
+def padded_rows(last_token: int, drafts: list[int], k: int) -> list[int]:
+    """[last, d_0..d_{g-1}], then pad rows up to k (a sequence in a wider batch, see
+    tandem.batching). A pad row repeats the row before it; its pick is never read: the
+    verdict walks this sequence's own drafts only."""
+    rows = [last_token, *drafts]
+    return rows + [rows[-1]] * (k - len(rows))
 
 
 def _forward(cmd: VerifyBatch, batch: list[Sequence], drafts: list[list[int]], ctx: StepContext) -> VerifyResult | None:
