@@ -8,7 +8,15 @@ drafts / drafted rounds). The prompts are written here, apart from the training
 script's templates, so they are held out from the drafter's training data.
 
   python bench/dflash_speedup.py                                  # GPU if there is one
-  python bench/dflash_speedup.py --device cpu --batches 1 --max-tokens 96 --requests 3
+  python bench/dflash_speedup.py --device cpu --batches 1 --max-tokens 96 --requests 3 --threads 2
+  python bench/dflash_speedup.py --drafters none,dflash,dflash-eager --batches 1 --no-adaptive
+  python bench/dflash_speedup.py --synthetic --batches 1,8        # random weights of the default
+                                                                  # model's shape: timing only
+
+Drafter "dflash-eager" is dflash with its CUDA graphs off (TANDEM_DFLASH_CUDA_GRAPHS=0).
+Besides tokens/s each row reports the mean milliseconds of an engine tick (a verify
+round), of its verify forward and of its propose. The table comes first; the last line
+is one JSON object with every row.
 
 (bench/spec_speedup.py, when it exists, can call run() with drafter "dflash".)
 """
@@ -21,6 +29,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -65,14 +74,64 @@ PROMPTS = [
     "How do I make a cup of tea?",
 ]
 
-DEFAULT_GAMMA = {"dflash": 7, "ngram": 4, "none": 0}
+DEFAULT_GAMMA = {"dflash": 7, "dflash-eager": 7, "ngram": 4, "none": 0}
+
+
+def _hist(h) -> tuple[float, float]:
+    """(sum, count) of a prometheus histogram."""
+    total = count = 0.0
+    for metric in h.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_sum"):
+                total = sample.value
+            elif sample.name.endswith("_count"):
+                count = sample.value
+    return total, count
+
+
+def synthetic_shard(drafter: str, slots: int, device: str, dtype, layers: int = 3):
+    """A ModelShard of the default model's shape with random weights, and a random DFlash
+    drafter of the shipped layout (timing only: the drafts are garbage)."""
+    import torch
+
+    from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
+    from tandem.model.config import ModelConfig
+    from tandem.model.kv_cache import KVCache
+    from tandem.model.llama import LlamaForCausalLM
+    from tandem.shard.model_shard import ModelShard
+
+    mc = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                     num_kv_heads=3, head_dim=64, rope_theta=100000.0, max_position_embeddings=8192,
+                     tie_word_embeddings=True)
+    torch.manual_seed(0)
+    with torch.device(device):
+        target = LlamaForCausalLM(mc).to(dtype).eval().requires_grad_(False)
+    cache = KVCache.for_model(mc, slots, 1024, dtype, device)
+    dr = None
+    if drafter.startswith("dflash"):
+        dc = DFlashConfig(hidden_size=576, num_layers=layers, num_heads=9, num_kv_heads=3, head_dim=64,
+                          intermediate_size=1024, vocab_size=49152, target_layer_ids=(1, 8, 15, 22, 29), block_size=8,
+                          mask_token_id=16, num_target_layers=30, rope_theta=100000.0)
+        model = DFlashDraftModel(dc).init_weights(0).to(device, dtype).eval().requires_grad_(False)
+        dr = DFlashDrafter(model, target, num_slots=slots, max_seq_len=1024, cuda_graphs=None if drafter == "dflash" else False)
+    return ModelShard(target, cache, row_budget=max(256, slots * 16), vocab_size=49152, drafter=dr)
+
+
+class _Ids:
+    chat_template = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return ""
 
 
 def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, device: str, dtype: str,
         gamma: int | None = None, adaptive: bool = True, dflash_checkpoint: str | None = None,
-        loaded=None, model: str | None = None) -> tuple[list[dict], object]:
-    """Rows {drafter, batch, tokens, seconds, tokens_per_s, acceptance_length} for each batch size,
-    and the loaded target (pass it back as `loaded` to share the weights)."""
+        loaded=None, model: str | None = None, synthetic: bool = False) -> tuple[list[dict], object]:
+    """Rows {drafter, batch, tokens, seconds, tokens_per_s, acceptance_length, ms per tick /
+    verify / propose} for each batch size, and the loaded target (pass it back as `loaded`
+    to share the weights)."""
+    import torch
+
     from tandem.config import EngineConfig
     from tandem.engine import Engine
     from tandem.sampling_params import SamplingParams
@@ -80,31 +139,57 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     from tandem.shard.local_group import LocalShardGroup
 
     slots = max(batches)
-    config = EngineConfig(model=model, drafter=drafter, dflash_checkpoint=dflash_checkpoint, max_num_seqs=slots,
+    engine_drafter = "dflash" if drafter.startswith("dflash") else drafter
+    os.environ["TANDEM_DFLASH_CUDA_GRAPHS"] = "0" if drafter == "dflash-eager" else "1"
+    config = EngineConfig(model=model, drafter=engine_drafter, dflash_checkpoint=dflash_checkpoint, max_num_seqs=slots,
                           max_seq_len=1024, row_budget=max(256, slots * 16), device=device, dtype=dtype,
                           num_speculative_tokens=DEFAULT_GAMMA.get(drafter, 4) if gamma is None else gamma,
                           adaptive=adaptive)
-    shard, loaded = build_model_shard(config.shard_spec(), loaded=loaded, progress=False)
-    engine = Engine(LocalShardGroup(shard), loaded.tokenizer, loaded.eos_token_ids, config, model_name=loaded.name)
-    texts = [engine.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
+    if synthetic:
+        dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        dt = {"auto": torch.bfloat16 if dev.startswith("cuda") else torch.float32, "float32": torch.float32,
+              "bfloat16": torch.bfloat16}[dtype]
+        shard = synthetic_shard(drafter, slots, dev, dt)
+        engine = Engine(LocalShardGroup(shard), _Ids(), (), config)
+        g = torch.Generator().manual_seed(1)
+        texts = [torch.randint(100, 40000, (40,), generator=g).tolist() for _ in PROMPTS]
+    else:
+        shard, loaded = build_model_shard(config.shard_spec(), loaded=loaded, progress=False)
+        engine = Engine(LocalShardGroup(shard), loaded.tokenizer, loaded.eos_token_ids, config, model_name=loaded.name)
+        texts = [engine.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
     params = SamplingParams(max_tokens=max_tokens)
-    # Warm-up on the largest batch for the whole length: the allocator's blocks and the
-    # kernels' first calls, which would otherwise land on whichever run comes first.
+    # Warm-up on the largest batch for the whole length: the allocator's blocks, the
+    # kernels' first calls and graph captures, which would otherwise land on whichever run
+    # comes first.
     engine.generate(texts[-slots:], params)
     rows = []
     for b in batches:
         n = max(b, requests) if b == 1 else b
         chosen = [texts[i % len(texts)] for i in range(n)]
+        m = engine.metrics
+        v0, p0, t0_ticks = _hist(m.verify_ms), _hist(m.propose_ms), None
+        ticks = 0
         outs, t0 = [], time.perf_counter()
         for i in range(0, n, b):
-            outs += engine.generate(chosen[i : i + b], params)
+            ids = [engine.add_request(p, params) for p in chosen[i : i + b]]
+            final = {}
+            while len(final) < len(ids):
+                for out in engine.step():
+                    if out.finished:
+                        final[out.request_id] = out
+                ticks += 1
+            outs += [final[r] for r in ids]
         secs = time.perf_counter() - t0
+        v1, p1 = _hist(m.verify_ms), _hist(m.propose_ms)
         tokens = sum(len(o.token_ids) for o in outs)
         rounds = sum(o.num_drafts for o in outs)
         acc = sum(o.num_accepted_tokens for o in outs)
         rows.append({"drafter": drafter, "batch": b, "requests": n, "tokens": tokens, "seconds": round(secs, 3),
                      "tokens_per_s": round(tokens / secs, 1),
                      "acceptance_length": round(1 + acc / rounds, 3) if rounds else None,
+                     "ms_per_tick": round(secs * 1000 / max(1, ticks), 3),
+                     "verify_ms": round((v1[0] - v0[0]) / max(1, v1[1] - v0[1]), 3),
+                     "propose_ms": round((p1[0] - p0[0]) / max(1, p1[1] - p0[1]), 3) if p1[1] > p0[1] else None,
                      "token_ids": [o.token_ids for o in outs]})
     engine.close()
     return rows, loaded
@@ -112,6 +197,8 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
 
 def main(argv=None) -> int:
     import torch
+
+    from common import json_line, machine, print_table, setup_torch
 
     ap = argparse.ArgumentParser(description="DFlash speed-up benchmark")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -123,36 +210,42 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--no-adaptive", action="store_true", help="fixed draft count (the drafter's default)")
     ap.add_argument("--dflash-checkpoint", default=None, help="default: the shipped weights")
-    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--synthetic", action="store_true", help="random weights of the default model's shape (timing only)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
+    ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
+    setup_torch(args.threads)
 
     batches = [int(b) for b in args.batches.split(",")]
     table, loaded = [], None
     for drafter in args.drafters.split(","):
         rows, loaded = run(drafter, batches, requests=args.requests, max_tokens=args.max_tokens, device=args.device,
                            dtype=args.dtype, adaptive=not args.no_adaptive, dflash_checkpoint=args.dflash_checkpoint,
-                           loaded=loaded, model=args.model)
+                           loaded=loaded, model=args.model, synthetic=args.synthetic)
         table += rows
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"rows": [{k: v for k, v in r.items() if k != "token_ids"} for r in table]}, f, indent=1)
         for r in rows:
-            print(f"{drafter:>7} batch {r['batch']:>3}: {r['tokens_per_s']:8.1f} tok/s  acceptance length "
-                  f"{r['acceptance_length'] or '-'}", flush=True)
+            print(f"{drafter:>12} batch {r['batch']:>3}: {r['tokens_per_s']:8.1f} tok/s  acceptance length "
+                  f"{r['acceptance_length'] or '-'}  {r['ms_per_tick']} ms/tick", flush=True)
     base = {r["batch"]: r for r in table if r["drafter"] == "none"}
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"\n{name}, greedy, max_tokens {args.max_tokens}, adaptive {not args.no_adaptive}")
-    print(f"{'drafter':>8} {'batch':>5} {'tok/s':>9} {'speed-up':>8} {'accept len':>10} {'same as none':>12}")
+    out_rows = []
     for r in table:
         b = base.get(r["batch"])
-        speed = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
-        same = f"{sum(x == y for x, y in zip(r['token_ids'], b['token_ids']))}/{len(r['token_ids'])}" if b else "-"
         r["speedup"] = round(r["tokens_per_s"] / b["tokens_per_s"], 3) if b else None
-        print(f"{r['drafter']:>8} {r['batch']:>5} {r['tokens_per_s']:>9.1f} {speed:>8} {str(r['acceptance_length'] or '-'):>10} {same:>12}")
+        r["same_as_none"] = f"{sum(x == y for x, y in zip(r['token_ids'], b['token_ids']))}/{len(r['token_ids'])}" if b else None
+        out_rows.append([r["drafter"], r["batch"], r["tokens_per_s"], r["speedup"], r["acceptance_length"],
+                         r["ms_per_tick"], r["verify_ms"], r["propose_ms"], r["same_as_none"]])
+    print()
+    print_table(["drafter", "batch", "tok/s", "speed-up", "accept len", "ms/tick", "verify ms", "propose ms", "same as none"],
+                out_rows, title=f"{name}, greedy, max_tokens {args.max_tokens}, adaptive {not args.no_adaptive}"
+                + (", SYNTHETIC weights" if args.synthetic else ""))
+    result = {"bench": "dflash_speedup", "device": name, "max_tokens": args.max_tokens, "adaptive": not args.no_adaptive,
+              "synthetic": args.synthetic, "machine": machine(),
+              "rows": [{k: v for k, v in r.items() if k != "token_ids"} for r in table]}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "max_tokens": args.max_tokens, "adaptive": not args.no_adaptive,
-                       "rows": [{k: v for k, v in r.items() if k != "token_ids"} for r in table]}, f, indent=1)
+            json.dump(result, f, indent=1)
+    json_line(result)
     return 0
 
 

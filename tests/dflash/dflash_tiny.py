@@ -39,9 +39,14 @@ def random_dflash(seed: int = 0, std: float = 0.3, **kw) -> DFlashDraftModel:
     return DFlashDraftModel(tiny_dflash_config(**kw)).init_weights(seed, std=std).eval().requires_grad_(False)
 
 
-def tiny_shard(target: LlamaForCausalLM, draft: DFlashDraftModel | None) -> ModelShard:
-    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT)
-    drafter = DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT) if draft is not None else None
+def tiny_shard(target: LlamaForCausalLM, draft: DFlashDraftModel | None, cuda_graphs: bool | None = None) -> ModelShard:
+    """A shard of `target` with slots for SLOTS sequences, drafting with `draft` (None: no
+    drafter). cuda_graphs=True on the CPU runs the drafter's padded graph shapes eagerly."""
+    device = next(target.parameters()).device
+    dtype = next(target.parameters()).dtype
+    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT, dtype, device)
+    drafter = (DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT, cuda_graphs=cuda_graphs)
+               if draft is not None else None)
     return ModelShard(target, cache, row_budget=ROW_BUDGET, vocab_size=VOCAB, drafter=drafter)
 
 

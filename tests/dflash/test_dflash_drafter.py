@@ -191,3 +191,49 @@ def test_on_a_gpu_in_bf16_the_batched_propose_matches_one_at_a_time(target, draf
     alone = [propose(shard, [s], last, 5)[0] for s in slots]
     same = sum(a == b for a, b in zip(batched, alone))
     assert same >= len(slots) - 1, f"bf16 batched vs single drafts agree on only {same}/{len(slots)}"
+
+
+# ---- the padded shapes of the CUDA-graph path ---------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [1, 3, SLOTS])
+def test_the_padded_graph_shapes_draft_what_the_exact_shapes_draft(target, draft, batch):
+    # On the CPU the graph path runs its padded static shapes without capture: the batch
+    # padded to a power of two, the context to a bucket, flushes padded with scratch rows.
+    eager, padded = tiny_shard(target, draft), tiny_shard(target, draft, cuda_graphs=True)
+    assert padded.drafter.graphs is not None and eager.drafter.graphs is None
+    prompts = random_prompts(batch, seed=30 + batch, low=2, high=70)
+    h1, last1 = run_rounds(eager, prompts, rounds=4, num_drafts=5, forced_seed=31)
+    h2, last2 = run_rounds(padded, prompts, rounds=4, num_drafts=5, forced_seed=31)
+    assert (h1, last1) == (h2, last2)
+    slots = list(range(batch))
+    assert propose(padded, slots, last2, 5) == propose(eager, slots, last1, 5)
+    assert padded.drafter.graphs, "no padded runner was used"
+    # the scratch slot took the padding rows; no real slot past its length was written
+    for s in slots:
+        n = padded.drafter.written[s]
+        for k1, k2 in zip(eager.drafter.ctx_k, padded.drafter.ctx_k):
+            assert torch.allclose(k1[s, :, :n], k2[s, :, :n], atol=1e-6)
+            assert not k2[s, :, n:].any(), f"slot {s} written past its {n} rows"
+
+
+def _gpu_copy(target, draft, dtype):
+    import copy
+
+    return copy.deepcopy(target).to("cuda", dtype), copy.deepcopy(draft).to("cuda", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_captured_graphs_draft_what_eager_drafts(target, draft):
+    gt, gd = _gpu_copy(target, draft, torch.float32)
+    eager, graphed = tiny_shard(gt, gd, cuda_graphs=False), tiny_shard(gt, gd, cuda_graphs=True)
+    prompts = random_prompts(SLOTS, seed=40, low=2, high=90)
+    h1, last1 = run_rounds(eager, prompts, rounds=5, num_drafts=5, forced_seed=41)
+    h2, last2 = run_rounds(graphed, prompts, rounds=5, num_drafts=5, forced_seed=41)
+    assert (h1, last1) == (h2, last2)
+    assert any(g.graph is not None for g in graphed.drafter.graphs.values()), "nothing was captured"
+    for slots in (list(range(SLOTS)), [3], [5, 1, 2]):
+        a, b = propose(eager, slots, last1, 5), propose(graphed, slots, last2, 5)
+        same = sum(x == y for x, y in zip(a, b))
+        assert same >= len(slots) - (len(slots) > 1), f"graphs vs eager: {same}/{len(slots)} blocks agree"

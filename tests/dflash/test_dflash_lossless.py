@@ -7,6 +7,7 @@ the default model (most drafts accepted), at batch 1, 4 and 16, requests joining
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dflash_tiny import SLOTS, DigitsTokenizer, random_dflash, random_prompts, tiny_shard
 from tandem.config import EngineConfig
@@ -56,6 +57,60 @@ def test_a_random_drafter_keeps_greedy_output_exact(batch, adaptive, target, tin
     outs = run_joining_midway(engine, prompts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outs] == want[:batch]
     assert sum(o.num_draft_tokens for o in outs) > 0, "no drafts were verified"
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_the_padded_graph_shapes_keep_greedy_output_exact(batch, target, tiny_reference):
+    prompts, want = tiny_reference
+    shard = tiny_shard(target, random_dflash(seed=batch + 7), cuda_graphs=True)
+    engine = tiny_engine(shard, "dflash", batch, num_speculative_tokens=5, adaptive=False)
+    outs = run_joining_midway(engine, prompts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == want[:batch]
+    assert sum(o.num_draft_tokens for o in outs) > 0, "no drafts were verified"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_on_a_gpu_cuda_graph_drafts_keep_greedy_output_exact(batch, target):
+    import copy
+
+    gpu_target = copy.deepcopy(target).to("cuda")
+    prompts = random_prompts(16, seed=23)
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    want = [o.token_ids for o in tiny_engine(tiny_shard(gpu_target, None), "none", SLOTS).generate(prompts[:batch], params)]
+    draft = copy.deepcopy(random_dflash(seed=batch)).to("cuda")
+    shard = tiny_shard(gpu_target, draft, cuda_graphs=True)
+    engine = tiny_engine(shard, "dflash", batch, num_speculative_tokens=5, adaptive=False)
+    outs = run_joining_midway(engine, prompts[:batch], params)
+    assert [o.token_ids for o in outs] == want
+    assert sum(o.num_draft_tokens for o in outs) > 0
+    assert any(g.graph is not None for g in shard.drafter.graphs.values()), "nothing was captured"
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_bf16_drafter_beside_a_float32_target_keeps_greedy_output_exact(batch, target, tiny_reference):
+    # what the engine builds on a CPU with native bf16 matmuls (drafters.dflash.dflash_dtype)
+    prompts, want = tiny_reference
+    shard = tiny_shard(target, random_dflash(seed=batch + 3).to(torch.bfloat16))
+    assert shard.drafter.dtype == torch.bfloat16 and shard.drafter.head.dtype == torch.bfloat16
+    engine = tiny_engine(shard, "dflash", batch, num_speculative_tokens=5, adaptive=False)
+    outs = run_joining_midway(engine, prompts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == want[:batch]
+    assert sum(o.num_draft_tokens for o in outs) > 0, "no drafts were verified"
+
+
+def test_the_drafter_dtype_follows_the_target_unless_told(monkeypatch):
+    from tandem.drafters.dflash import dflash_dtype
+
+    monkeypatch.delenv("TANDEM_DFLASH_DTYPE", raising=False)
+    assert dflash_dtype("cuda", torch.bfloat16) == torch.bfloat16
+    assert dflash_dtype("cpu", torch.bfloat16) == torch.bfloat16
+    assert dflash_dtype("cpu", torch.float32) in (torch.float32, torch.bfloat16)
+    monkeypatch.setenv("TANDEM_DFLASH_DTYPE", "float32")
+    assert dflash_dtype("cpu", torch.float32) == torch.float32
+    monkeypatch.setenv("TANDEM_DFLASH_DTYPE", "bfloat16")
+    assert dflash_dtype("cuda", torch.float32) == torch.bfloat16
 
 
 def test_sampling_with_a_random_drafter_runs_and_is_seeded(target):

@@ -73,3 +73,62 @@ def test_the_chosen_target_layers_are_spread_and_end_at_the_last(count):
 def test_held_out_prompts_are_never_training_prompts():
     train, held = train_dflash.make_prompts(2000, 40)
     assert len(train) == 2000 and len(held) == 40 and not set(train) & set(held)
+
+
+def test_the_walked_offline_acceptance_is_the_engines_acceptance(target):
+    # The engine's acceptance length is the per-anchor offline counts walked round by
+    # round (not their uniform mean): a check of positions, contexts and the bonus token.
+    from dflash_tiny import DigitsTokenizer
+    from tandem.config import EngineConfig
+    from tandem.engine import Engine
+    from tandem.sampling_params import SamplingParams
+    from tandem.shard.local_group import LocalShardGroup
+
+    draft = random_dflash(seed=6, std=0.5)
+    B, max_new = draft.config.block_size, 40
+    prompts = random_prompts(6, seed=33, low=4, high=30)
+    data = train_dflash.greedy_with_features(target, prompts, draft.config.target_layer_ids, max_new, 6, set())
+    walked = train_dflash.walked_acceptance(draft, target, data, max_new)
+    shard = tiny_shard(target, draft)
+    engine = Engine(LocalShardGroup(shard), DigitsTokenizer(), eos_token_ids=(),
+                    config=EngineConfig(drafter="dflash", max_num_seqs=6, max_seq_len=shard.cache.max_seq_len,
+                                        row_budget=shard.rules.row_budget, num_speculative_tokens=B - 1, adaptive=False))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=max_new))
+    tokens, _, prompt_len, seq_len = data
+    assert [o.token_ids for o in outs] == [tokens[i, prompt_len[i]:seq_len[i]].tolist() for i in range(6)]
+    accepted, rounds = sum(o.num_accepted_tokens for o in outs), sum(o.num_drafts for o in outs)
+    assert accepted > 0, "the random drafter accepted nothing: the check is vacuous"
+    assert walked == pytest.approx(1 + accepted / rounds, abs=1e-9)
+    uniform = train_dflash.offline_acceptance(draft, target, data)
+    assert uniform >= walked - 0.05
+
+
+def test_a_draft_vocabulary_head_counts_tokens_outside_it_as_misses(target):
+    from dataclasses import replace
+
+    from tandem.drafters.dflash import DFlashDraftModel
+
+    base = random_dflash(seed=6, std=0.5)
+    prompts = random_prompts(3, seed=33, low=4, high=30)
+    tokens, feats, prompt_len, seq_len = train_dflash.greedy_with_features(target, prompts, base.config.target_layer_ids,
+                                                                           40, 3, set())
+    anchors = train_dflash.sample_anchors(prompt_len, seq_len, 16, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, full = train_dflash.block_loss(base, target, tokens, feats, prompt_len, seq_len, anchors, 4.0)
+        # a vocabulary of every token: the same counts
+        every = DFlashDraftModel(replace(base.config, draft_vocab_size=base.config.vocab_size))
+        every.load_state_dict(base.state_dict(), strict=False)
+        every.eval()
+        _, same = train_dflash.block_loss(every, target, tokens, feats, prompt_len, seq_len, anchors, 4.0)
+        assert torch.equal(full, same) and full.sum() > 0
+        # a vocabulary without the tokens the full head drafts first: nothing is accepted there
+        B = base.config.block_size
+        first = tokens.gather(1, (anchors + 1).clamp(max=tokens.shape[1] - 1))[full > 0]
+        keep = torch.tensor(sorted(set(range(base.config.vocab_size)) - set(first.tolist())))
+        some = DFlashDraftModel(replace(base.config, draft_vocab_size=len(keep)))
+        some.load_state_dict(base.state_dict(), strict=False)
+        some.draft_vocab.copy_(keep)
+        some.eval()
+        loss, fewer = train_dflash.block_loss(some, target, tokens, feats, prompt_len, seq_len, anchors, 4.0)
+        assert torch.isfinite(loss) and B > 1
+        assert (fewer[full > 0] == 0).all() and (fewer <= full).all()

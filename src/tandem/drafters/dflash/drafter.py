@@ -16,8 +16,16 @@ context keys/values of its own layers, kept in a slotted cache like the target's
 
 The drafter never writes a draft's row anywhere: only target rows of kept tokens enter
 its context, so a rejection needs no rewind beyond the commit's trim.
+
+On a GPU a propose is launch-bound (a few hundred small kernels for one block), so the
+block forward and the flush replay CUDA graphs captured per shape bucket (below): on an
+H200 a batch-1 propose went from ~35 ms eager to ~1 ms. The drafter's dtype may differ
+from the target's (build_dflash_drafter runs it in bf16 beside a float32 target on a CPU
+with native bf16 matmuls); its head is then a copy of the target's rows in its dtype.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -27,11 +35,19 @@ from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
 
 
+# On a CUDA device the block forward and the flush of small commits replay CUDA graphs
+# (one per shape bucket): the context read is padded to a multiple of CTX_BUCKET, the batch
+# to a power of two, a flush to a power of two of rows (up to FLUSH_MAX_ROWS; larger ones,
+# long prompts, run eagerly). Set TANDEM_DFLASH_CUDA_GRAPHS=0 to run everything eagerly.
+CTX_BUCKET = 256
+FLUSH_MAX_ROWS = 512
+
+
 class DFlashDrafter:
     name = "dflash"
 
     def __init__(self, model: DFlashDraftModel, target: torch.nn.Module, *, num_slots: int, max_seq_len: int,
-                 propose_batch_max: int = 64):
+                 propose_batch_max: int = 64, cuda_graphs: bool | None = None):
         c = model.config
         tc = target.config
         if c.hidden_size != tc.hidden_size:
@@ -50,14 +66,31 @@ class DFlashDrafter:
         self.propose_batch_max = propose_batch_max
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
-        # ctx_k[layer], ctx_v[layer]: [slots, hkv, max_seq_len, d]; valid below written[slot]
+        self.num_slots, self.max_seq_len = num_slots, max_seq_len
+        # ctx_k[layer], ctx_v[layer]: [slots + 1, hkv, max_seq_len, d]; valid below written[slot];
+        # the last slot is scratch: the padding rows of a captured flush write there
+        shape = (num_slots + 1, c.num_kv_heads, max_seq_len, c.head_dim)
         # the LM head rows drafts may come from: all, or the checkpoint's draft vocabulary
         vocab = getattr(model, "draft_vocab", None)
         self.draft_vocab = vocab.to(self.device) if vocab is not None else None
-        self.head = target.lm_head if vocab is None else target.lm_head.weight[self.draft_vocab].clone()
+        if vocab is not None:
+            self.head = target.lm_head.weight[self.draft_vocab].to(self.dtype)
+        elif target.lm_head.weight.dtype != self.dtype:  # e.g. a bf16 drafter beside a float32 target on a CPU
+            self.head = target.lm_head.weight.to(self.dtype)
+        else:
+            self.head = target.lm_head
         self.ctx_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
         self.ctx_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
+        self._mask_ids = torch.full((self.block_size - 1,), c.mask_token_id, dtype=torch.long, device=self.device)
+        self._block_offsets = torch.arange(self.block_size, device=self.device)
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda" and os.environ.get("TANDEM_DFLASH_CUDA_GRAPHS", "1") != "0"
+        # (kind, shape bucket) -> captured graph; None = eager (the CPU, or graphs turned off).
+        # Asked for on a CPU, the same padded static shapes run without capture (what the
+        # tests check there).
+        self.graphs: dict[tuple, _Graph] | None = {} if cuda_graphs else None
+        self._capture = bool(cuda_graphs) and self.device.type == "cuda"
+        self._pool = torch.cuda.graph_pool_handle() if self._capture else None
         self.written = [0] * num_slots  # context positions in the cache
         self.length = [0] * num_slots  # positions whose target rows are known (written + pending)
         self.pending: dict[int, list[tuple[int, torch.Tensor]]] = {}  # slot -> [(start, feats [r, nL*H])]
@@ -93,25 +126,9 @@ class DFlashDrafter:
                 raise RuntimeError(f"dflash: slot {slot} holds target rows for {self.length[slot]} positions, "
                                    f"its sequence has {len(h)} committed tokens")
         self._flush(slots)
-        c = self.model.config
         B = self.block_size
-        dev = self.device
-        # one host->device copy: P (the last token's position), the last token, the slot
-        starts, last_t, slot_t = torch.tensor([[len(h) for h in histories], last_tokens, slots], dtype=torch.long, device=dev)
-        block = torch.full((n, B), c.mask_token_id, dtype=torch.long, device=dev)
-        block[:, 0] = last_t
-        positions = starts[:, None] + torch.arange(B, device=dev)  # [n, B]
-        ctx_len = max(len(h) for h in histories)
-        ctx_k = [k[slot_t, :, :ctx_len] for k in self.ctx_k]  # [n, hkv, C, d]
-        ctx_v = [v[slot_t, :, :ctx_len] for v in self.ctx_v]
-        ctx_ok = torch.arange(ctx_len, device=dev)[None, :] < starts[:, None]  # [n, C]
-        mask = torch.cat([ctx_ok[:, None, :].expand(n, B, ctx_len), torch.ones(n, B, B, dtype=torch.bool, device=dev)], dim=-1)
-        x = self.target.embed(block)  # [n, B, H]
-        if c.input_embedding_scale != 1.0:
-            x = x * c.input_embedding_scale
-        hidden = self.model.block_hidden(x.to(self.dtype), positions, ctx_k, ctx_v, mask[:, None])
-        logits = self.model.logits(hidden[:, 1:], self.head)  # [n, B-1, V or draft vocab] float32
-        picks = logits.argmax(dim=-1)
+        starts = [len(h) for h in histories]
+        logits, picks = self._block(slots, starts, last_tokens)  # [n, B-1, V'] float32, [n, B-1]
         drafts = (picks if self.draft_vocab is None else self.draft_vocab[picks]).tolist()
         q_out: list[torch.Tensor | None] = [None] * n
         for i, spec in enumerate(sampling):
@@ -126,6 +143,50 @@ class DFlashDrafter:
                 drafts[i] = picked.tolist()
                 q_out[i] = q
         return [d[: max(0, min(g, B - 1))] for d, g in zip(drafts, num_drafts)], q_out
+
+    # ---- the block forward: eager, or replayed from a CUDA graph ---------------------------
+
+    def _block(self, slots: list[int], starts: list[int], last_tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [n, B-1, V'] (float32) and greedy picks [n, B-1] of the blocks of `slots`,
+        block i at position starts[i] after the context 0..starts[i]-1."""
+        n, ctx_len = len(slots), max(starts)
+        if self.graphs is None or n > self.propose_batch_max or ctx_len > self.max_seq_len:
+            # one host->device copy: P (the last token's position), the last token, the slot
+            starts_t, last_t, slot_t = torch.tensor([starts, last_tokens, slots], dtype=torch.long, device=self.device)
+            return self._block_forward(starts_t, last_t, slot_t, ctx_len)
+        nb = min(_next_pow2(n), _next_pow2(self.propose_batch_max))
+        cb = min(self.max_seq_len, -(-max(1, ctx_len) // CTX_BUCKET) * CTX_BUCKET)
+        pad = nb - n  # padding rows: slot 0 with no context (their outputs are ignored)
+        host = torch.tensor([starts + [0] * pad, last_tokens + [0] * pad, slots + [0] * pad], dtype=torch.long)
+        key = ("block", nb, cb)
+        runner = self.graphs.get(key)
+        if runner is None:
+            inputs = torch.zeros(3, nb, dtype=torch.long, device=self.device)
+            runner = self.graphs[key] = _Graph(lambda: self._block_forward(inputs[0], inputs[1], inputs[2], cb),
+                                               inputs, self._pool, self._capture)
+        logits, picks = runner.run(host)
+        return logits[:n], picks[:n]
+
+    def _block_forward(self, starts: torch.Tensor, last_t: torch.Tensor, slot_t: torch.Tensor,
+                       ctx_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """starts, last_t, slot_t: [n] on the device; the context read is 0..ctx_len-1 (>= every
+        start; positions at or past a row's start are masked). No host sync: capturable."""
+        c = self.model.config
+        B = self.block_size
+        dev = self.device
+        n = starts.shape[0]
+        block = torch.cat([last_t[:, None], self._mask_ids[None].expand(n, B - 1)], dim=1)  # [n, B]
+        positions = starts[:, None] + self._block_offsets  # [n, B]
+        ctx_k = [k[slot_t, :, :ctx_len] for k in self.ctx_k]  # [n, hkv, C, d]
+        ctx_v = [v[slot_t, :, :ctx_len] for v in self.ctx_v]
+        ctx_ok = torch.arange(ctx_len, device=dev)[None, :] < starts[:, None]  # [n, C]
+        mask = torch.cat([ctx_ok[:, None, :].expand(n, B, ctx_len), torch.ones(n, B, B, dtype=torch.bool, device=dev)], dim=-1)
+        x = self.target.embed(block)  # [n, B, H]
+        if c.input_embedding_scale != 1.0:
+            x = x * c.input_embedding_scale
+        hidden = self.model.block_hidden(x.to(self.dtype), positions, ctx_k, ctx_v, mask[:, None])
+        logits = self.model.logits(hidden[:, 1:], self.head)  # [n, B-1, V or draft vocab] float32
+        return logits, logits.argmax(dim=-1)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -154,12 +215,64 @@ class DFlashDrafter:
         for slot in slots:
             for start, f in self.pending.pop(slot, []):
                 feats.append(f)
-                pos.append(torch.arange(start, start + f.shape[0], device=self.device))
-                owner.append(torch.full((f.shape[0],), slot, dtype=torch.long, device=self.device))
+                pos.extend(range(start, start + f.shape[0]))
+                owner.extend([slot] * f.shape[0])
             self.written[slot] = self.length[slot]
         if not feats:
             return
-        pos_t, owner_t = torch.cat(pos), torch.cat(owner)
-        for layer, (k, v) in enumerate(self.model.context_kv(torch.cat(feats), pos_t)):  # k, v: [R, hkv, d]
+        rows = len(pos)
+        if self.graphs is None or rows > FLUSH_MAX_ROWS:
+            idx = torch.tensor([pos, owner], dtype=torch.long, device=self.device)
+            self._flush_forward(torch.cat(feats), idx[0], idx[1])
+            return
+        rb = max(8, _next_pow2(rows))
+        key = ("flush", rb)
+        runner = self.graphs.get(key)
+        if runner is None:
+            inputs = torch.zeros(2, rb, dtype=torch.long, device=self.device)
+            inputs[1] = self.num_slots  # the warm-up runs write only the scratch slot
+            buf = torch.zeros(rb, feats[0].shape[-1], dtype=self.dtype, device=self.device)
+            runner = self.graphs[key] = _Graph(lambda: self._flush_forward(buf, inputs[0], inputs[1]), inputs, self._pool,
+                                               self._capture, extra=buf)
+        # padding rows write position 0 of the scratch slot, which no sequence owns
+        pad = rb - rows
+        host = torch.tensor([pos + [0] * pad, owner + [self.num_slots] * pad], dtype=torch.long)
+        torch.cat(feats, out=runner.extra[:rows])
+        runner.run(host)
+
+    def _flush_forward(self, feats: torch.Tensor, pos_t: torch.Tensor, owner_t: torch.Tensor) -> None:
+        for layer, (k, v) in enumerate(self.model.context_kv(feats, pos_t)):  # k, v: [R, hkv, d]
             self.ctx_k[layer][owner_t, :, pos_t] = k
             self.ctx_v[layer][owner_t, :, pos_t] = v
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class _Graph:
+    """One captured CUDA graph: static long inputs (copied in from the host before each
+    replay) and the outputs of its body, read after the replay. Without `capture` the
+    body runs on the same static buffers at every call instead."""
+
+    def __init__(self, body, inputs: torch.Tensor, pool, capture: bool, extra: torch.Tensor | None = None):
+        self.body, self.inputs, self.extra = body, inputs, extra
+        self.graph = None
+        if not capture:
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm up outside the capture (kernel choice, workspaces)
+            for _ in range(2):
+                body()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = body()
+
+    def run(self, host_inputs: torch.Tensor):
+        self.inputs.copy_(host_inputs)
+        if self.graph is None:
+            return self.body()
+        self.graph.replay()
+        return self.outputs

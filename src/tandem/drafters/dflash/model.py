@@ -296,7 +296,10 @@ class DFlashDraftModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module | torch.Tensor) -> torch.Tensor:
         """The drafts' logits through the target's LM head (or rows of its weight), float32."""
-        logits = (F.linear(hidden, lm_head) if isinstance(lm_head, torch.Tensor) else lm_head(hidden)).float()
+        if isinstance(lm_head, torch.Tensor):  # 2-D: a 3-D bf16 linear on a CPU copies the weight every call
+            logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), lm_head).view(*hidden.shape[:-1], -1).float()
+        else:
+            logits = lm_head(hidden).float()
         c = self.config
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
