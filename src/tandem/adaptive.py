@@ -109,12 +109,17 @@ class BatchCostModel:
         b = self._bucket(rows)
         below = [k for k in self.forward_ms if k < b]
         at_or_above = [v for k, v in self.forward_ms.items() if k >= b]
+        # Unmeasured buckets are priced optimistically, so that they get tried (and
+        # measured) rather than never chosen: above the measured ones, the largest smaller
+        # bucket's cost; below them, the smallest larger one's scaled down by rows (no
+        # forward gets cheaper faster than that).
         if b in self.forward_ms:
             t = self.forward_ms[b]
-        elif below:  # optimistic until measured: the largest smaller bucket's cost
+        elif below:
             t = self.forward_ms[max(below)]
         else:
-            t = min(at_or_above)
+            nearest = min(k for k in self.forward_ms if k > b)
+            t = self.forward_ms[nearest] * b / nearest
         # more rows never cost less: a bucket priced above a larger one (a first forward
         # that paid for allocations, a stall) is held to it, or it would never be tried again
         return min([t, *at_or_above])

@@ -73,4 +73,12 @@ def test_a_bucket_never_costs_more_than_a_larger_one():
     cost.record_forward(160, 140.0)
     assert cost.estimate(32) == 140.0
     assert cost.estimate(160) == 140.0
-    assert cost.estimate(8) == 140.0  # unmeasured and below every bucket: the smallest larger one
+    # unmeasured and below every bucket: the smallest larger one's cost scaled by rows
+    assert cost.estimate(8) == 560.0 * 8 / 32
+
+
+def test_a_small_cap_gets_tried_when_only_large_forwards_were_measured():
+    cost = BatchCostModel()
+    cost.record_forward(160, 1000.0)  # 32 sequences x 5 rows, compute-bound
+    cost.record_propose(4, 800.0)  # a draft model: 200 ms a step for the whole batch
+    assert cost.best_cap([4] * 32, [0.8] * 32, (0, 1, 2, 4)) == 0
