@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common import interleaved_min, json_line, machine, now, print_table, setup_torch, warn_if_busy
 
@@ -109,9 +109,10 @@ DRAFTERS = [
             b1_prompts=8, quick=True),
     Drafter("draft_model", "qwen2.5-coder-1.5b", {"drafter": "draft-model", "draft_model": "qwen2.5-coder-0.5b"}, "code",
             {"assistant_model": "qwen2.5-coder-0.5b"}, max_tokens=48, b1_prompts=2, leviathan=True,
-            max_tokens_by_batch={8: 32, 32: 16}),
-    # One line per drafter, e.g. (with no transformers counterpart to compare):
-    # Drafter("dflash", None, {"drafter": "dflash", "num_speculative_tokens": 7}, "ngram", {}, max_tokens=128, b1_prompts=8),
+            max_tokens_by_batch={8: 32, 32: 32}),
+    # DFlash on the n-gram row's prompts, so the two compare directly (transformers has no DFlash);
+    # the shipped weights draft block_size - 1 = 7 tokens a round.
+    Drafter("dflash", None, {"drafter": "dflash"}, "ngram", {}, max_tokens=128, b1_prompts=8),
 ]
 
 TARGETS = {"ngram_b1": 2.5, "b32": 1.0, "vs_hf_greedy_b1": 3.0, "leviathan_fraction": 0.9}
@@ -147,38 +148,44 @@ class Run:
         return 1.0 + self.accepted / self.drafts if self.drafts else 1.0
 
 
-def run_engine(engine, prompts: list[tuple[str, str]], params, batch: int) -> Run:
-    """All prompts through the engine, `batch` at a time (batch 1: one after another)."""
-    run = Run()
+def run_engines(engines: dict, prompts: list[tuple[str, str]], params, batch: int) -> dict[str, Run]:
+    """All prompts through every engine, `batch` requests at a time (batch 1: one after
+    another). The engines take turns chunk by chunk, so a noisy stretch of a shared
+    machine hits them alike."""
+    runs = {name: Run() for name in engines}
     for i in range(0, len(prompts), batch):
-        chunk = prompts[i : i + batch]
-        t0 = now()
-        ids = [engine.add_request(text, params) for _, text in chunk]
-        final, first_tick = {}, None
-        while len(final) < len(ids):
-            outs = engine.step()
-            if first_tick is None:
-                first_tick = (now(), sum(len(o.token_ids) for o in outs))
-            final.update((o.request_id, o) for o in outs if o.finished)
-        t1 = now()
-        outs = [final[r] for r in ids]
-        tokens = sum(len(o.token_ids) for o in outs)
-        run.tokens += tokens
-        run.seconds += t1 - t0
-        run.decode_tokens += tokens - first_tick[1]
-        run.decode_seconds += t1 - first_tick[0]
-        for o in outs:
-            if o.error:
-                raise RuntimeError(f"request {o.request_id} failed: {o.error}")
-            run.outputs.append(list(o.token_ids))
-            run.drafts += o.num_drafts
-            run.draft_tokens += o.num_draft_tokens
-            run.accepted += o.num_accepted_tokens
-        if batch == 1:
-            acc = run.by_kind.setdefault(chunk[0][0], [0, 0.0])
-            acc[0] += tokens
-            acc[1] += t1 - t0
-    return run
+        for name, engine in engines.items():
+            _run_chunk(engine, prompts[i : i + batch], params, runs[name], by_kind=batch == 1)
+    return runs
+
+
+def _run_chunk(engine, chunk: list[tuple[str, str]], params, run: Run, by_kind: bool) -> None:
+    t0 = now()
+    ids = [engine.add_request(text, params) for _, text in chunk]
+    final, first_tick = {}, None
+    while len(final) < len(ids):
+        outs = engine.step()
+        if first_tick is None:  # prefill (and the first verify): left out of the decode rate
+            first_tick = (now(), sum(len(o.token_ids) for o in outs))
+        final.update((o.request_id, o) for o in outs if o.finished)
+    t1 = now()
+    outs = [final[r] for r in ids]
+    tokens = sum(len(o.token_ids) for o in outs)
+    run.tokens += tokens
+    run.seconds += t1 - t0
+    run.decode_tokens += tokens - first_tick[1]
+    run.decode_seconds += t1 - first_tick[0]
+    for o in outs:
+        if o.error:
+            raise RuntimeError(f"request {o.request_id} failed: {o.error}")
+        run.outputs.append(list(o.token_ids))
+        run.drafts += o.num_drafts
+        run.draft_tokens += o.num_draft_tokens
+        run.accepted += o.num_accepted_tokens
+    if by_kind:
+        acc = run.by_kind.setdefault(chunk[0][0], [0, 0.0])
+        acc[0] += tokens
+        acc[1] += t1 - t0
 
 
 class Target:
@@ -223,22 +230,24 @@ def _local(shard):
     return LocalShardGroup(shard)
 
 
-def one_row_ms(model, cache, position: int, reps: int = 5) -> float:
-    """Milliseconds of one single-row forward at `position` (slot 0; timing only)."""
+def one_row_ms(models: dict, position: int, reps: int = 5) -> dict[str, float]:
+    """Milliseconds of one single-row forward at `position` (slot 0; timing only) of each
+    (model, cache), the models taking turns."""
     import torch
 
-    tokens = torch.zeros(1, 1, dtype=torch.long)
-    slots, start = torch.zeros(1, dtype=torch.long), torch.tensor([position])
-    device = model.device
-    tokens, slots, start = tokens.to(device), slots.to(device), start.to(device)
+    def step(model, cache):
+        device = model.device
+        tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
+        slots, start = torch.zeros(1, dtype=torch.long, device=device), torch.tensor([position], device=device)
 
-    def step():
-        model(tokens, slots, start, cache, attn_len=position + 1)
-        sync(device)
+        def run():
+            model(tokens, slots, start, cache, attn_len=position + 1)
+            sync(device)
+        return run
 
     with torch.inference_mode():
-        t = interleaved_min({"f": step}, reps=reps, warmup=2)
-    return t["f"] * 1e3
+        t = interleaved_min({name: step(m, c) for name, (m, c) in models.items()}, reps=reps, warmup=2)
+    return {name: v * 1e3 for name, v in t.items()}
 
 
 def sync(device) -> None:
@@ -307,19 +316,20 @@ def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, re
     name = target.loaded.name
     print(f"[{d.name}] target {name} loaded in {target.load_s:.1f}s", flush=True)
     make = WORKLOADS[d.workload]
-    rows = []
-    b1_spec = None
+    rows, b1 = [], None
     for b in batches:
         prompts = target.render(make(b1_prompts if b == 1 else b))
         params = SamplingParams(max_tokens=max_tokens_for(b), temperature=0.0)
-        plain, spec = target.engine(drafter="none"), target.engine(**d.engine)
-        for e in (plain, spec):  # warm up allocations and the drafter's first compile-free path
+        engines = {"none": target.engine(drafter="none"), "spec": target.engine(**d.engine)}
+        if d.leviathan and b == 1:  # Leviathan's formula is for a fixed draft count: adaptation off
+            engines["fixed"] = target.engine(**{**d.engine, "adaptive": False})
+        for e in engines.values():  # warm-up: allocations, the oneDNN weight packs
             e.generate(prompts[0][1], SamplingParams(max_tokens=4, temperature=0.0))
-        base = run_engine(plain, prompts, params, b)
-        fast = run_engine(spec, prompts, params, b)
+        runs = run_engines(engines, prompts, params, b)
+        base, fast = runs["none"], runs["spec"]
         key = f"{d.name}_b{b}"
-        speedup = base.seconds / fast.seconds * (fast.tokens / base.tokens)
-        lossless = base.outputs == fast.outputs
+        speedup = fast.tok_s / base.tok_s
+        lossless = all(r.outputs == base.outputs for r in runs.values())
         result["speedup"][key] = speedup
         result["decode_speedup"][key] = fast.decode_tok_s / base.decode_tok_s if base.decode_tok_s else None
         result["tokens_per_s"][key] = fast.tok_s
@@ -327,62 +337,70 @@ def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, re
         result["acceptance_length"][key] = fast.acceptance_length
         result["acceptance_rate"][key] = fast.accepted / fast.draft_tokens if fast.draft_tokens else 0.0
         result["lossless"][key] = lossless
-        if b == 1 and base.by_kind:
-            result["by_prompt_kind"][key] = {
-                kind: (base.by_kind[kind][1] / fast.by_kind[kind][1]) * (fast.by_kind[kind][0] / base.by_kind[kind][0])
-                for kind in base.by_kind
-            }
-            b1_spec = (fast, base)
         rows.append([b, len(prompts), base.tokens, base.tok_s, fast.tok_s, speedup, result["decode_speedup"][key],
                      fast.acceptance_length, fast.draft_tokens / max(1, fast.drafts), "yes" if lossless else "NO"])
         print(f"[{d.name}] batch {b}: {base.tok_s:.1f} -> {fast.tok_s:.1f} tok/s ({speedup:.2f}x)", flush=True)
+        if b == 1:
+            b1 = runs
+            result["by_prompt_kind"][key] = {kind: (fast.by_kind[kind][0] / fast.by_kind[kind][1])
+                                             / (base.by_kind[kind][0] / base.by_kind[kind][1]) for kind in base.by_kind}
+            if "fixed" in runs:
+                result["leviathan"][key] = leviathan_check(runs["fixed"], base, engines["fixed"], target, prompts[0][1],
+                                                           max_tokens_for(1))
+        del engines
     reports.append(lambda: print_table(
         ["batch", "prompts", "tokens", "no-spec tok/s", f"{d.name} tok/s", "speedup", "decode speedup", "accept len",
          "drafts/round", "same tokens"],
         rows, title=f"{d.name} on {name} ({d.workload} prompts), speculation vs none, same engine"))
+    for key, lev in result["leviathan"].items():
+        if key.startswith(f"{d.name}_"):
+            reports.append(lambda lev=lev: print_table(
+                ["accept len", "alpha", "gamma", "c = draft/target", "predicted", "measured (decode)", "fraction", "e2e"],
+                [[lev["acceptance_length"], lev["alpha"], lev["gamma"], lev["c"], lev["predicted"], lev["measured"],
+                  lev["fraction"], lev["e2e_speedup"]]],
+                title=f"{d.name}: Leviathan et al.'s predicted speedup at batch 1, fixed gamma (adaptive off)"))
 
-    if d.leviathan and b1_spec is not None:
-        fast, base = b1_spec
-        shard = spec.group.shard
-        first = target.render(make(1))[0][1]
-        position = len(target.loaded.tokenizer(first).input_ids) + max_tokens_for(1) // 2  # a typical decode position
-        t_target = one_row_ms(shard.model, shard.cache, position)
-        t_draft = one_row_ms(shard.drafter.model, shard.drafter.cache, position)
-        lev = leviathan(fast.acceptance_length, fast.draft_tokens / max(1, fast.drafts), t_draft / t_target)
-        lev["measured"] = result["decode_speedup"][f"{d.name}_b1"]
-        lev["fraction"] = lev["measured"] / lev["predicted"]
-        lev["draft_ms"], lev["target_ms"] = t_draft, t_target
-        result["leviathan"][f"{d.name}_b1"] = lev
-        reports.append(lambda: print_table(
-            ["alpha", "gamma", "c = draft/target", "predicted", "measured (decode)", "fraction"],
-            [[lev["alpha"], lev["gamma"], lev["c"], lev["predicted"], lev["measured"], lev["fraction"]]],
-            title=f"{d.name}: Leviathan et al.'s predicted speedup at batch 1"))
-
-    if with_hf and 1 in batches and b1_spec is not None:
-        fast, base = b1_spec
+    if with_hf and b1 is not None:
         prompts = target.render(make(b1_prompts))
         device_t, dtype_t = target.loaded.model.device, target.loaded.model.dtype
-        del target, plain, spec
+        del target
         gc.collect()  # room for transformers' copy of the weights
-        hf = hf_runs(d, prompts, max_tokens_for(1), device_t, dtype_t)
-        prefix = "" if d.name == "ngram" else f"{d.name}_"
-        result["vs_hf"][f"{prefix}greedy_b1"] = fast.tok_s / hf["greedy"]["tok_s"]
-        result["tokens_per_s"][f"{d.name}_hf_greedy_b1"] = hf["greedy"]["tok_s"]
-        if "assisted" in hf:
-            result["vs_hf"][f"{prefix}assisted_b1"] = fast.tok_s / hf["assisted"]["tok_s"]
-            result["tokens_per_s"][f"{d.name}_hf_assisted_b1"] = hf["assisted"]["tok_s"]
-        same = sum(a == b for a, b in zip(hf["greedy"]["outputs"], base.outputs))
-        result["hf_greedy_same_tokens"][f"{d.name}_b1"] = f"{same}/{len(base.outputs)}"
-        rows_hf = [
-            ["tandem, no speculation", base.tok_s, base.tok_s / hf["greedy"]["tok_s"]],
-            [f"tandem, {d.name}", fast.tok_s, fast.tok_s / hf["greedy"]["tok_s"]],
-            ["transformers greedy generate", hf["greedy"]["tok_s"], 1.0],
-        ]
-        if "assisted" in hf:
-            rows_hf.append([f"transformers assisted ({', '.join(d.hf_assist)})", hf["assisted"]["tok_s"],
-                            hf["assisted"]["tok_s"] / hf["greedy"]["tok_s"]])
-        reports.append(lambda: print_table(["batch 1", "tok/s", "vs transformers greedy"], rows_hf,
-                                           title=f"{d.name}: tandem vs Hugging Face transformers, same model and prompts"))
+        hf_compare(d, b1["spec"], b1["none"], hf_runs(d, prompts, max_tokens_for(1), device_t, dtype_t), result, reports)
+
+
+def leviathan_check(fixed: Run, base: Run, engine, target: Target, prompt: str, max_tokens: int) -> dict:
+    """Leviathan et al.'s predicted speedup from the fixed-gamma run's acceptance and the
+    measured draft/target cost ratio c (one-row forwards of each model, taking turns),
+    against the measured decode speedup."""
+    shard = engine.group.shard
+    position = len(target.loaded.tokenizer(prompt).input_ids) + max_tokens // 2  # a typical decode position
+    t = one_row_ms({"target": (shard.model, shard.cache), "draft": (shard.drafter.model, shard.drafter.cache)}, position)
+    lev = leviathan(fixed.acceptance_length, fixed.draft_tokens / max(1, fixed.drafts), t["draft"] / t["target"])
+    lev["measured"] = fixed.decode_tok_s / base.decode_tok_s
+    lev["fraction"] = lev["measured"] / lev["predicted"]
+    lev["draft_ms"], lev["target_ms"] = t["draft"], t["target"]
+    lev["acceptance_length"], lev["e2e_speedup"] = fixed.acceptance_length, fixed.tok_s / base.tok_s
+    return lev
+
+
+def hf_compare(d: Drafter, fast: Run, base: Run, hf: dict, result: dict, reports: list) -> None:
+    prefix = "" if d.name == "ngram" else f"{d.name}_"
+    result["vs_hf"][f"{prefix}greedy_b1"] = fast.tok_s / hf["greedy"]["tok_s"]
+    result["tokens_per_s"][f"{d.name}_hf_greedy_b1"] = hf["greedy"]["tok_s"]
+    rows = [
+        ["tandem, no speculation", base.tok_s, base.tok_s / hf["greedy"]["tok_s"]],
+        [f"tandem, {d.name}", fast.tok_s, fast.tok_s / hf["greedy"]["tok_s"]],
+        ["transformers greedy generate", hf["greedy"]["tok_s"], 1.0],
+    ]
+    if "assisted" in hf:
+        result["vs_hf"][f"{prefix}assisted_b1"] = fast.tok_s / hf["assisted"]["tok_s"]
+        result["tokens_per_s"][f"{d.name}_hf_assisted_b1"] = hf["assisted"]["tok_s"]
+        rows.append([f"transformers assisted ({', '.join(d.hf_assist)})", hf["assisted"]["tok_s"],
+                     hf["assisted"]["tok_s"] / hf["greedy"]["tok_s"]])
+    same = sum(a == b for a, b in zip(hf["greedy"]["outputs"], base.outputs))
+    result["hf_greedy_same_tokens"][f"{d.name}_b1"] = f"{same}/{len(base.outputs)}"
+    reports.append(lambda: print_table(["batch 1", "tok/s", "vs transformers greedy"], rows,
+                                       title=f"{d.name}: tandem vs Hugging Face transformers, same model and prompts"))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -391,6 +409,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafters", default=None, help=f"comma-separated subset of {', '.join(d.name for d in DRAFTERS)}")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32; quick 1,8)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help="most drafts a round (default: each drafter's own)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--device", default="auto", help="cpu | cuda | auto (a GPU if there is one)")
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto (float32 on the CPU, bf16 on a GPU)")
@@ -413,6 +432,8 @@ def main(argv=None) -> None:
     result = {k: {} for k in ("speedup", "vs_hf", "tokens_per_s", "acceptance_length", "acceptance_rate", "decode_speedup",
                               "by_prompt_kind", "leviathan", "lossless", "hf_greedy_same_tokens")}
     reports = []
+    if args.num_speculative_tokens is not None:
+        drafters = [replace(d, engine={**d.engine, "num_speculative_tokens": args.num_speculative_tokens}) for d in drafters]
     for d in drafters:
         bench_drafter(d, batches, args.quick, not args.no_hf, result, reports, args.device, args.dtype)
         gc.collect()
