@@ -20,3 +20,15 @@ def default_model():
     from tandem.model.loader import load_model
 
     return load_model(None, progress=False)
+
+
+@pytest.fixture(scope="session")
+def block4(tmp_path_factory) -> str:
+    """A tiny DFlash checkpoint folder with block_size 4 (3 drafts a block)."""
+    from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint
+
+    config = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
+                          vocab_size=128, target_layer_ids=(0, 1), block_size=4, mask_token_id=127, num_target_layers=2)
+    folder = tmp_path_factory.mktemp("dflash-block4")
+    save_dflash_checkpoint(DFlashDraftModel(config).init_weights(0), str(folder))
+    return str(folder)

@@ -30,7 +30,8 @@ MAX_ROWS = 17  # 1 + the most drafts a round (EngineConfig allows 16)
 
 def plan_verify_batches(running: list[Sequence], row_budget: int, max_batch: int,
                         cost: CostFn | None = None) -> list[list[Sequence]]:
-    """Batches for this tick, largest draft count first; every batch fits the row budget."""
+    """Batches for this tick (the exact-count ones first, largest count first, then the
+    merged ones); every batch fits the row budget."""
     exact: dict[int, list[Sequence]] = {}
     mergeable: dict[int, list[Sequence]] = {}
     for s in running:

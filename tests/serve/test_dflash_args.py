@@ -9,18 +9,8 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint
 from tandem.serve import cli as serve_cli
 from tandem.serve.args import TandemServeArgs
-
-
-@pytest.fixture(scope="module")
-def block4(tmp_path_factory) -> str:
-    config = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
-                          vocab_size=128, target_layer_ids=(0, 1), block_size=4, mask_token_id=127, num_target_layers=2)
-    folder = tmp_path_factory.mktemp("dflash-block4")
-    save_dflash_checkpoint(DFlashDraftModel(config).init_weights(0), str(folder))
-    return str(folder)
 
 
 def refusal(**fields) -> str:
