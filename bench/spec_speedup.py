@@ -410,6 +410,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32; quick 1,8)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="most drafts a round (default: each drafter's own)")
+    p.add_argument("--default-model", default=None,
+                   help="the model spec of the rows on the default model (e.g. a smollm2.gguf path where the package is missing)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--device", default="auto", help="cpu | cuda | auto (a GPU if there is one)")
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto (float32 on the CPU, bf16 on a GPU)")
@@ -434,6 +436,8 @@ def main(argv=None) -> None:
     reports = []
     if args.num_speculative_tokens is not None:
         drafters = [replace(d, engine={**d.engine, "num_speculative_tokens": args.num_speculative_tokens}) for d in drafters]
+    if args.default_model is not None:
+        drafters = [replace(d, target=args.default_model) if d.target is None else d for d in drafters]
     for d in drafters:
         bench_drafter(d, batches, args.quick, not args.no_hf, result, reports, args.device, args.dtype)
         gc.collect()
