@@ -29,7 +29,7 @@ class SpecControl:
     """One sequence's speculation state."""
 
     gamma: int
-    alpha: float = 0.7  # EMA of the per-draft acceptance rate
+    alpha: float = 0.7  # EMA of the per-draft acceptance rate (ALPHA_PRIOR to start)
     misses: int = 0  # verify rounds in a row that accepted nothing
     off_until: int = 0  # speculation resumes once this many tokens are out
 
@@ -66,6 +66,17 @@ class AdaptiveSpec:
                 st.gamma = self.max_gamma  # the retry starts fresh
         else:
             st.misses = 0
+
+    def record_plain(self, st: SpecControl, tokens: int) -> None:
+        """A round without drafts: alpha drifts back toward the prior (most of the way,
+        ~63%, after `retry_after` plain tokens). Without this, a sequence whose low alpha
+        made the batch cap 0 would never draft again: its alpha changes only when it drafts."""
+        if self.adaptive and tokens > 0:
+            st.alpha += (ALPHA_PRIOR - st.alpha) * min(1.0, tokens / self.retry_after)
+
+
+ALPHA_PRIOR = SpecControl.alpha
+TURN_ON_MARGIN = 1.10  # how much faster than plain decoding a draft cap must look to be chosen
 
 
 def expected_tokens(alpha: float, g: int) -> float:
@@ -145,6 +156,9 @@ class BatchCostModel:
             t += (self.propose_ms_per_step or 0.0) * max(gs)
             tokens = sum(expected_tokens(a, g) for a, g in zip(alphas, gs))
             rate = tokens / max(t, 1e-6)
-            if best_rate is None or rate > best_rate * 1.02:  # prefer the smaller cap on a near tie
+            # Speculating at all must pay clearly (the estimates are noisy and a wrong "on"
+            # costs a whole batch of rows); among caps that speculate, a small edge will do.
+            margin = TURN_ON_MARGIN if best_cap == 0 else 1.02
+            if best_rate is None or rate > best_rate * margin:
                 best_cap, best_rate = cap, rate
         return best_cap

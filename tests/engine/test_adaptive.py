@@ -82,3 +82,22 @@ def test_a_small_cap_gets_tried_when_only_large_forwards_were_measured():
     cost.record_forward(160, 1000.0)  # 32 sequences x 5 rows, compute-bound
     cost.record_propose(4, 800.0)  # a draft model: 200 ms a step for the whole batch
     assert cost.best_cap([4] * 32, [0.8] * 32, (0, 1, 2, 4)) == 0
+
+
+def test_plain_rounds_bring_alpha_back_so_a_sequence_capped_to_zero_drafts_again():
+    from tandem.adaptive import ALPHA_PRIOR
+
+    a = AdaptiveSpec(4, retry_after=32)
+    st = a.new_state()
+    for _ in range(4):
+        a.record_verify(st, 4, 0, 10)  # drafts that fail: alpha falls
+    low = st.alpha
+    assert low < 0.2
+    cost = BatchCostModel()
+    for rows in (1, 2, 4, 8):
+        cost.record_forward(rows, 10.0 + 3.0 * rows)
+    assert cost.best_cap([4], [low], (0, 1, 2, 4)) == 0  # at this alpha the tick drafts nothing
+    for _ in range(32):
+        a.record_plain(st, 1)  # ... so only plain rounds follow
+    assert st.alpha > low + 0.6 * (ALPHA_PRIOR - low)
+    assert cost.best_cap([4], [st.alpha], (0, 1, 2, 4)) > 0  # and it is tried again

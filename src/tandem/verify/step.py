@@ -155,6 +155,8 @@ def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: S
         s.emit(t, ctx.detok)
         if s.finished:
             break
+    if not drafts:
+        ctx.adaptive.record_plain(s.spec, len(s.output_ids) - before)
     ctx.metrics.generated_tokens.inc(len(s.output_ids) - before)
 
 
