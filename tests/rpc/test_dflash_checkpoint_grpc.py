@@ -102,9 +102,9 @@ def test_an_engine_over_the_grpc_shard_drafts_from_the_checkpoint_and_stays_exac
 
 
 def test_other_ranks_report_no_drafter_and_a_draft_model_reports_its_spec():
-    assert rank_drafter_info(ShardSpec(drafter="dflash"), "smollm2", None) == RankDrafterInfo()
+    assert rank_drafter_info(ShardSpec(drafter="dflash"), None) == RankDrafterInfo()
     spec = ShardSpec(drafter="draft-model", draft_model="some/draft")
-    assert rank_drafter_info(spec, "smollm2", object()) == RankDrafterInfo("draft-model", "some/draft", 0)
+    assert rank_drafter_info(spec, object()) == RankDrafterInfo("draft-model", "some/draft", 0)
 
 
 def test_the_group_warns_when_the_shards_checkpoint_drafts_fewer_than_configured(caplog):

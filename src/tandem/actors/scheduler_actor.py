@@ -176,7 +176,7 @@ class SchedulerActor:
         else:
             self._routes[rid] = subscriber
         try:
-            # add_request waits for the engine lock (held during a tick): off the event loop.
+            # add_request tokenizes the prompt: off the event loop.
             await self._loop.run_in_executor(self._pool, e.add_request, prompt, params, rid)
         except BaseException:
             self._queues.pop(rid, None)
@@ -206,9 +206,7 @@ class SchedulerActor:
         finished = False
         try:
             while not finished:
-                outs = [await q.get()]
-                while not q.empty():
-                    outs.append(q.get_nowait())
+                outs = await _drain(q)
                 finished = outs[-1].finished
                 yield merge_outputs(outs)
         finally:
@@ -230,9 +228,7 @@ class SchedulerActor:
         q = self._subscribers.setdefault(subscriber, asyncio.Queue())
         try:
             while True:
-                outs = [await q.get()]
-                while not q.empty():
-                    outs.append(q.get_nowait())
+                outs = await _drain(q)
                 by_request: dict[str, list[RequestOutput]] = {}
                 for out in outs:
                     by_request.setdefault(out.request_id, []).append(out)
@@ -339,6 +335,14 @@ class _NoLauncher:
 
     def stop(self) -> None:
         pass
+
+
+async def _drain(q: asyncio.Queue) -> list:
+    """The next item, and every item that piled up behind it."""
+    items = [await q.get()]
+    while not q.empty():
+        items.append(q.get_nowait())
+    return items
 
 
 def _wait_for(lock: threading.Lock) -> None:

@@ -17,33 +17,18 @@ def check_drafter_name(name: str) -> str:
     return name
 
 
-def dflash_target_name(model: str | None) -> str:
-    """The name load_model gives `model` (what the shipped DFlash weights are keyed by),
-    without loading it: mirrors tandem.model.loader.resolve_model_folder."""
-    from tandem.model import registry
-
-    spec = model or registry.DEFAULT_MODEL
-    known = registry.lookup(spec)
-    if known is not None:
-        return known.name
-    if spec.endswith(".gguf"):
-        return os.path.basename(spec)[: -len(".gguf")]
-    if os.path.isdir(spec):
-        return os.path.basename(os.path.normpath(spec))
-    return spec
-
-
 def resolve_dflash_checkpoint(model: str | None, checkpoint: str | None) -> tuple[str, int]:
     """(absolute folder, block_size) of the DFlash checkpoint an engine on `model` loads:
     `checkpoint`, or the weights shipped for the model when it is None. Reads only the
     folder's config.json; InvalidRequestError naming dflash_checkpoint when it does not fit."""
     from tandem.drafters.dflash import DFlashConfig, shipped_checkpoint
     from tandem.errors import InvalidRequestError
+    from tandem.model.loader import model_name
 
     field = "dflash_checkpoint"
     if checkpoint is None:
         try:
-            folder = shipped_checkpoint(dflash_target_name(model))
+            folder = shipped_checkpoint(model_name(model))
         except ValueError as e:
             raise InvalidRequestError(field, str(e)) from None
     else:
@@ -87,15 +72,12 @@ class RankDrafterInfo:
     max_drafts: int = 0  # the most drafts a propose gives a sequence; 0 = no cap
 
 
-def rank_drafter_info(spec, target_name: str, drafter) -> RankDrafterInfo:
+def rank_drafter_info(spec, drafter) -> RankDrafterInfo:
     """The RankDrafterInfo of `drafter` (None on ranks > 0), built from ShardSpec `spec`."""
     if drafter is None:
         return RankDrafterInfo()
     if spec.drafter == "dflash":
-        from tandem.drafters.dflash import shipped_checkpoint
-
-        folder = spec.dflash_checkpoint or shipped_checkpoint(target_name)
-        return RankDrafterInfo("dflash", os.path.abspath(folder), drafter.block_size - 1)
+        return RankDrafterInfo("dflash", drafter.checkpoint, drafter.block_size - 1)
     return RankDrafterInfo(spec.drafter, spec.draft_model or "", 0)
 
 

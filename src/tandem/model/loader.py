@@ -82,23 +82,37 @@ def load_tokenizer(spec: str | None = None, *, progress: bool = True) -> LoadedT
     return LoadedTokenizer(tokenizer, eos_token_ids, name, getattr(tokenizer, "chat_template", None), folder)
 
 
+def model_name(spec: str | None) -> str:
+    """The name a model loaded from `spec` gets (what shipped drafter weights are keyed by),
+    without loading anything."""
+    spec = spec or registry.DEFAULT_MODEL
+    known = registry.lookup(spec)
+    if known is not None:
+        return known.name
+    if spec.endswith(".gguf"):
+        return os.path.basename(spec)[: -len(".gguf")]
+    if os.path.isdir(spec):
+        return os.path.basename(os.path.normpath(spec))
+    return spec
+
+
 def resolve_model_folder(spec: str | None, bar=None) -> tuple[str, str]:
     """(name, folder holding config.json + *.safetensors) for `spec`, dequantizing a GGUF once."""
     spec = spec or registry.DEFAULT_MODEL
     bar = bar if bar is not None else tqdm(disable=True)
+    name = model_name(spec)
     known = registry.lookup(spec)
     if known is not None:
-        return known.name, _known_model_folder(known, bar)
+        return name, _known_model_folder(known, bar)
     if spec.endswith(".gguf"):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"model spec {spec!r}: no such .gguf file")
-        name = os.path.basename(spec)[: -len(".gguf")]
         return name, _cached_dequantized(spec, name, _sha256(spec), bar)
     if os.path.isdir(spec):
-        return os.path.basename(os.path.normpath(spec)), spec
+        return name, spec
     if os.path.exists(spec) or spec.startswith((".", "/", "~")):
         raise FileNotFoundError(f"model spec {spec!r} is neither a .gguf file nor a model folder")
-    return spec, _hub_snapshot(spec)
+    return name, _hub_snapshot(spec)
 
 
 def _load_folder(folder: str, name: str, dtype: torch.dtype, device) -> LoadedModel:

@@ -166,9 +166,9 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         if world > 1:
             tp_group = _join_collective_group(request, device)
         self.rank, self.world_size = rank, world
-        shard, loaded = build_model_shard(spec, rank=rank, world_size=world, tp_group=tp_group, progress=False)
+        shard, _ = build_model_shard(spec, rank=rank, world_size=world, tp_group=tp_group, progress=False)
         self.shard = shard
-        drafter = rank_drafter_info(spec, loaded.name, shard.drafter)
+        drafter = rank_drafter_info(spec, shard.drafter)
         log.info("rank %d/%d ready on %s (drafter %s %s)", rank, world, device, drafter.kind, drafter.source)
         return pb.InitReply(limits=codec.encode_limits(shard.limits), drafter=codec.encode_drafter_info(drafter))
 

@@ -65,4 +65,6 @@ def build_dflash_drafter(spec, target, *, device, dtype) -> DFlashDrafter:
     if trained_for and trained_for != target.name:
         log.warning("DFlash checkpoint %s was trained for %r, the target is %r: expect few accepted drafts",
                     folder, trained_for, target.name)
-    return DFlashDrafter(model, target.model, num_slots=spec.num_slots, max_seq_len=spec.max_seq_len)
+    drafter = DFlashDrafter(model, target.model, num_slots=spec.num_slots, max_seq_len=spec.max_seq_len)
+    drafter.checkpoint = os.path.abspath(folder)  # what the shard reports it loaded
+    return drafter

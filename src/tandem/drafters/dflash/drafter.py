@@ -45,6 +45,7 @@ FLUSH_MAX_ROWS = 512
 
 class DFlashDrafter:
     name = "dflash"
+    checkpoint: str | None = None  # the folder its weights came from (build_dflash_drafter sets it)
 
     def __init__(self, model: DFlashDraftModel, target: torch.nn.Module, *, num_slots: int, max_seq_len: int,
                  propose_batch_max: int = 64, cuda_graphs: bool | None = None):
