@@ -166,6 +166,8 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     for b in batches:
         n = max(b, requests) if b == 1 else b
         chosen = [texts[i % len(texts)] for i in range(n)]
+        if str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+            engine.generate(chosen[:b], params)  # this batch size's CUDA-graph captures, untimed
         m = engine.metrics
         v0, p0, t0_ticks = _hist(m.verify_ms), _hist(m.propose_ms), None
         ticks = 0

@@ -181,7 +181,8 @@ def _math_prompt(rng: random.Random) -> str:
 
 def make_prompts(num_train: int, num_eval: int, seed: int = 0, modifiers: bool = False) -> tuple[list[str], list[str]]:
     """Chat requests for training, and held-out ones whose subjects, code tasks and numbers
-    never appear in training; with `modifiers`, most end with a style request."""
+    never appear in training; with `modifiers`, most training requests end with a style
+    request (held-out ones never do, so acceptance stays comparable between runs)."""
     rng = random.Random(seed)
     subjects = SUBJECTS[:]
     rng.shuffle(subjects)
@@ -191,29 +192,29 @@ def make_prompts(num_train: int, num_eval: int, seed: int = 0, modifiers: bool =
     rng.shuffle(tasks)
     held_tasks, train_tasks = tasks[:4], tasks[4:]
 
-    def draw(pool, tasks, r):
+    def draw(pool, tasks, r, styled):
         kind = r.random()
         if kind < 0.62:
-            return r.choice(TEMPLATES).format(x=r.choice(pool)) + (r.choice(MODIFIERS) if modifiers else "")
+            return r.choice(TEMPLATES).format(x=r.choice(pool)) + (r.choice(MODIFIERS) if styled else "")
         if kind < 0.77:
             x, y = r.sample(pool, 2)
-            return r.choice(PAIR_TEMPLATES).format(x=x, y=y) + (r.choice(MODIFIERS) if modifiers else "")
+            return r.choice(PAIR_TEMPLATES).format(x=x, y=y) + (r.choice(MODIFIERS) if styled else "")
         if kind < 0.9:
             return r.choice(CODE_TEMPLATES).format(t=r.choice(tasks))
         return _math_prompt(r)
 
-    def unique(n, pool, tasks, r, avoid=frozenset()):
+    def unique(n, pool, tasks, r, avoid=frozenset(), styled=False):
         out, seen = [], set(avoid)
         for _ in range(n * 50):
             if len(out) >= n:
                 break
-            p = draw(pool, tasks, r)
+            p = draw(pool, tasks, r, styled)
             if p not in seen:
                 seen.add(p)
                 out.append(p)
         return out
 
-    train_prompts = unique(num_train, train, train_tasks, rng)
+    train_prompts = unique(num_train, train, train_tasks, rng, styled=modifiers)
     eval_prompts = unique(num_eval, held, held_tasks, random.Random(seed + 1), avoid=frozenset(train_prompts))
     return train_prompts, eval_prompts
 

@@ -7,6 +7,7 @@ from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
 from tandem.model.config import ModelConfig
 from tandem.model.kv_cache import KVCache
 from tandem.model.llama import LlamaForCausalLM
+from tandem.model.verify_graphs import VerifyGraphs
 from tandem.shard.model_shard import ModelShard
 
 VOCAB = 96
@@ -41,13 +42,15 @@ def random_dflash(seed: int = 0, std: float = 0.3, **kw) -> DFlashDraftModel:
 
 def tiny_shard(target: LlamaForCausalLM, draft: DFlashDraftModel | None, cuda_graphs: bool | None = None) -> ModelShard:
     """A shard of `target` with slots for SLOTS sequences, drafting with `draft` (None: no
-    drafter). cuda_graphs=True on the CPU runs the drafter's padded graph shapes eagerly."""
+    drafter). cuda_graphs=True graphs the drafter's and the target's verify forwards; on the
+    CPU their padded graph shapes then run eagerly."""
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
-    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT, dtype, device)
+    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT, dtype, device, scratch_slots=1 if cuda_graphs else 0)
     drafter = (DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT, cuda_graphs=cuda_graphs)
                if draft is not None else None)
-    return ModelShard(target, cache, row_budget=ROW_BUDGET, vocab_size=VOCAB, drafter=drafter)
+    graphs = VerifyGraphs(target, cache, capture=device.type == "cuda") if cuda_graphs else None
+    return ModelShard(target, cache, row_budget=ROW_BUDGET, vocab_size=VOCAB, drafter=drafter, graphs=graphs)
 
 
 class DigitsTokenizer:

@@ -86,6 +86,7 @@ def test_on_a_gpu_cuda_graph_drafts_keep_greedy_output_exact(batch, target):
     assert [o.token_ids for o in outs] == want
     assert sum(o.num_draft_tokens for o in outs) > 0
     assert any(g.graph is not None for g in shard.drafter.graphs.values()), "nothing was captured"
+    assert any(g.graph is not None for g in shard.graphs.graphs.values()), "no verify forward was captured"
 
 
 @pytest.mark.parametrize("batch", [1, 4])

@@ -17,14 +17,18 @@ class KVCache:
     """
 
     def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 scratch_slots: int = 0):
         if min(num_layers, num_slots, max_seq_len, num_kv_heads, head_dim) < 1:
             raise ValueError("KVCache sizes must all be >= 1, got "
                              f"layers={num_layers} slots={num_slots} max_seq_len={max_seq_len} "
                              f"kv_heads={num_kv_heads} head_dim={head_dim}")
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        shape = (num_slots, num_kv_heads, max_seq_len, head_dim)
+        # Slots past num_slots belong to no sequence: the padding rows of a captured forward
+        # (a batch padded to its graph's size) write there.
+        self.scratch_slot = num_slots if scratch_slots > 0 else None
+        shape = (num_slots + scratch_slots, num_kv_heads, max_seq_len, head_dim)
         # k[layer], v[layer]: [slots, kv_heads, max_seq_len, head_dim]
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -32,10 +36,11 @@ class KVCache:
 
     @classmethod
     def for_model(cls, config, num_slots: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
-                  device: torch.device | str = "cpu", num_kv_heads: int | None = None) -> "KVCache":
+                  device: torch.device | str = "cpu", num_kv_heads: int | None = None,
+                  scratch_slots: int = 0) -> "KVCache":
         """A cache shaped for `config` (a ModelConfig); pass `num_kv_heads` for one tensor-parallel rank."""
         return cls(config.num_layers, num_slots, max_seq_len, num_kv_heads or config.num_kv_heads,
-                   config.head_dim, dtype, device)
+                   config.head_dim, dtype, device, scratch_slots)
 
     def set_length(self, slot: int, length: int) -> None:
         self._check_slot(slot)

@@ -5,12 +5,14 @@ shard server, so every rank of a group is made the same way.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
 
 from tandem.model.kv_cache import KVCache
 from tandem.model.loader import LoadedModel, load_model
+from tandem.model.verify_graphs import VerifyGraphs
 from tandem.shard.model_shard import ModelShard
 
 
@@ -64,6 +66,9 @@ def build_model_shard(
 
         shard_model(model, rank, world_size, group=tp_group)
         num_kv_heads = len(kv_heads_for_rank(cfg.num_kv_heads, rank, world_size))
+    # CUDA graphs for the verify forward: one GPU rank (a tensor-parallel forward's collectives
+    # stay eager). TANDEM_CUDA_GRAPHS=0 turns them off.
+    graphed = device.type == "cuda" and world_size == 1 and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
     cache = KVCache(
         num_layers=cfg.num_layers,
         num_slots=spec.num_slots,
@@ -72,6 +77,7 @@ def build_model_shard(
         head_dim=cfg.head_dim,
         dtype=dtype,
         device=device,
+        scratch_slots=1 if graphed else 0,
     )
     drafter = None
     if rank == 0 and spec.drafter != "none":
@@ -86,5 +92,6 @@ def build_model_shard(
         rank=rank,
         world_size=world_size,
         drafter=drafter,
+        graphs=VerifyGraphs(model, cache) if graphed else None,
     )
     return shard, loaded

@@ -12,6 +12,7 @@ import torch
 from tandem.drafters.rank_drafter import RankDrafter
 from tandem.errors import ShapeError
 from tandem.model.kv_cache import KVCache
+from tandem.model.verify_graphs import VerifyGraphs
 from tandem.sampling.rank_rule import pick_last, pick_rows
 from tandem.shard.commands import (
     PrefillItem,
@@ -46,12 +47,14 @@ class ModelShard:
         rank: int = 0,
         world_size: int = 1,
         drafter: RankDrafter | None = None,
+        graphs: VerifyGraphs | None = None,
     ):
         self.model = model
         self.cache = cache
         self.rank = rank
         self.world_size = world_size
         self.drafter = drafter if rank == 0 else None
+        self.graphs = graphs  # CUDA graphs of the verify forward (one GPU rank), or None: eager
         self.vocab_size = vocab_size
         self.rules = ShapeRules(num_slots=cache.num_slots, row_budget=row_budget)
         self.limits = ShardLimits(
@@ -110,7 +113,11 @@ class ModelShard:
                 raise ShapeError("context", f"slot {slot}: {pos}+{cmd.k} rows exceed the context {self.cache.max_seq_len}")
         self._check_tokens(cmd.tokens)
         rows = torch.tensor(cmd.tokens, dtype=torch.long, device=self.device).view(cmd.n, cmd.k)
-        out = self._forward(rows, cmd.slots, cmd.start_pos)
+        out = None
+        if self.graphs is not None:
+            out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.slots), list(cmd.start_pos), self.capture)
+        if out is None:
+            out = self._forward(rows, cmd.slots, cmd.start_pos)
         self.pending = _Pending(cmd=cmd, rows=rows, hidden=out.hidden)
         if self.rank != 0:
             return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])

@@ -30,6 +30,7 @@ import os
 import torch
 
 from tandem.drafters.dflash.model import DFlashDraftModel
+from tandem.model.cuda_graph import CapturedGraph, next_pow2
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
@@ -89,7 +90,7 @@ class DFlashDrafter:
         # (kind, shape bucket) -> captured graph; None = eager (the CPU, or graphs turned off).
         # Asked for on a CPU, the same padded static shapes run without capture (what the
         # tests check there).
-        self.graphs: dict[tuple, _Graph] | None = {} if cuda_graphs else None
+        self.graphs: dict[tuple, CapturedGraph] | None = {} if cuda_graphs else None
         self._capture = bool(cuda_graphs) and self.device.type == "cuda"
         self._pool = torch.cuda.graph_pool_handle() if self._capture else None
         self.written = [0] * num_slots  # context positions in the cache
@@ -155,7 +156,7 @@ class DFlashDrafter:
             # one host->device copy: P (the last token's position), the last token, the slot
             starts_t, last_t, slot_t = torch.tensor([starts, last_tokens, slots], dtype=torch.long, device=self.device)
             return self._block_forward(starts_t, last_t, slot_t, ctx_len)
-        nb = min(_next_pow2(n), _next_pow2(self.propose_batch_max))
+        nb = min(next_pow2(n), next_pow2(self.propose_batch_max))
         cb = min(self.max_seq_len, -(-max(1, ctx_len) // CTX_BUCKET) * CTX_BUCKET)
         pad = nb - n  # padding rows: slot 0 with no context (their outputs are ignored)
         host = torch.tensor([starts + [0] * pad, last_tokens + [0] * pad, slots + [0] * pad], dtype=torch.long)
@@ -163,7 +164,7 @@ class DFlashDrafter:
         runner = self.graphs.get(key)
         if runner is None:
             inputs = torch.zeros(3, nb, dtype=torch.long, device=self.device)
-            runner = self.graphs[key] = _Graph(lambda: self._block_forward(inputs[0], inputs[1], inputs[2], cb),
+            runner = self.graphs[key] = CapturedGraph(lambda: self._block_forward(inputs[0], inputs[1], inputs[2], cb),
                                                inputs, self._pool, self._capture)
         logits, picks = runner.run(host)
         return logits[:n], picks[:n]
@@ -226,14 +227,14 @@ class DFlashDrafter:
             idx = torch.tensor([pos, owner], dtype=torch.long, device=self.device)
             self._flush_forward(torch.cat(feats), idx[0], idx[1])
             return
-        rb = max(8, _next_pow2(rows))
+        rb = max(8, next_pow2(rows))
         key = ("flush", rb)
         runner = self.graphs.get(key)
         if runner is None:
             inputs = torch.zeros(2, rb, dtype=torch.long, device=self.device)
             inputs[1] = self.num_slots  # the warm-up runs write only the scratch slot
             buf = torch.zeros(rb, feats[0].shape[-1], dtype=self.dtype, device=self.device)
-            runner = self.graphs[key] = _Graph(lambda: self._flush_forward(buf, inputs[0], inputs[1]), inputs, self._pool,
+            runner = self.graphs[key] = CapturedGraph(lambda: self._flush_forward(buf, inputs[0], inputs[1]), inputs, self._pool,
                                                self._capture, extra=buf)
         # padding rows write position 0 of the scratch slot, which no sequence owns
         pad = rb - rows
@@ -245,35 +246,3 @@ class DFlashDrafter:
         for layer, (k, v) in enumerate(self.model.context_kv(feats, pos_t)):  # k, v: [R, hkv, d]
             self.ctx_k[layer][owner_t, :, pos_t] = k
             self.ctx_v[layer][owner_t, :, pos_t] = v
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-class _Graph:
-    """One captured CUDA graph: static long inputs (copied in from the host before each
-    replay) and the outputs of its body, read after the replay. Without `capture` the
-    body runs on the same static buffers at every call instead."""
-
-    def __init__(self, body, inputs: torch.Tensor, pool, capture: bool, extra: torch.Tensor | None = None):
-        self.body, self.inputs, self.extra = body, inputs, extra
-        self.graph = None
-        if not capture:
-            return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm up outside the capture (kernel choice, workspaces)
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = body()
-
-    def run(self, host_inputs: torch.Tensor):
-        self.inputs.copy_(host_inputs)
-        if self.graph is None:
-            return self.body()
-        self.graph.replay()
-        return self.outputs

@@ -1,0 +1,67 @@
+"""CUDA graphs of the target's verify forward.
+
+One graph per bucket (batch padded to a power of two, k rows, context read padded to a
+power of two of at least MIN_CTX positions, captured layers), captured the first time a
+verify of that bucket runs and replayed after. Few context buckets keep captures rare: a
+capture costs about as much as a few dozen replays. Padding rows write only the cache's scratch slot, and
+their outputs are dropped; the context padding lies past every row's causal mask.
+Prefill chunks and batches over `max_rows` rows run eagerly.
+"""
+from __future__ import annotations
+
+import torch
+
+from tandem.model.cuda_graph import CapturedGraph, next_pow2
+from tandem.model.kv_cache import KVCache
+from tandem.model.llama import ModelOutput
+
+MIN_CTX = 256
+
+
+class VerifyGraphs:
+    def __init__(self, model: torch.nn.Module, cache: KVCache, *, max_rows: int = 256, max_graphs: int = 96,
+                 capture: bool = True):
+        if cache.scratch_slot is None:
+            raise ValueError("verify graphs need a KV cache with a scratch slot (KVCache(..., scratch_slots=1))")
+        self.model, self.cache = model, cache
+        # Each graph keeps its [rows, vocab] float32 logits alive: rows and count are capped.
+        self.max_rows, self.max_graphs = max_rows, max_graphs
+        self.capture = capture
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.graphs: dict[tuple, CapturedGraph] = {}
+        self.device = next(model.parameters()).device
+
+    def forward(self, tokens: list[int], n: int, k: int, slots: list[int], start_pos: list[int],
+                capture_layers: tuple[int, ...]) -> ModelOutput | None:
+        """The forward of n sequences x k rows (tokens sequence-major), or None when this
+        shape is not graphed (the caller runs it eagerly)."""
+        nb = next_pow2(n)
+        if nb * k > self.max_rows:
+            return None
+        ctx = max(start_pos) + k
+        cb = min(self.cache.max_seq_len, max(MIN_CTX, next_pow2(ctx)))
+        key = (nb, k, cb, tuple(capture_layers))
+        runner = self.graphs.get(key)
+        if runner is None:
+            if len(self.graphs) >= self.max_graphs:
+                return None
+            runner = self.graphs[key] = self._build(nb, k, cb, tuple(capture_layers))
+        # one host->device copy: row i = [its k tokens, its slot, its start position]
+        pad = nb - n
+        host = torch.tensor(
+            [tokens[i * k : (i + 1) * k] + [slots[i], start_pos[i]] for i in range(n)]
+            + [[0] * k + [self.cache.scratch_slot, 0]] * pad,
+            dtype=torch.long,
+        )
+        out = runner.run(host)
+        return ModelOutput(logits=out.logits[:n], hidden={layer: h[:n] for layer, h in out.hidden.items()})
+
+    def _build(self, nb: int, k: int, cb: int, capture_layers: tuple[int, ...]) -> CapturedGraph:
+        inputs = torch.zeros(nb, k + 2, dtype=torch.long, device=self.device)
+        inputs[:, k] = self.cache.scratch_slot  # the warm-up runs before capture write only there
+
+        def body() -> ModelOutput:
+            return self.model(inputs[:, :k], inputs[:, k], inputs[:, k + 1], self.cache,
+                              capture_layers=capture_layers, attn_len=cb)
+
+        return CapturedGraph(body, inputs, self.pool, self.capture)

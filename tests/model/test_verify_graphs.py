@@ -1,0 +1,81 @@
+"""The verify forward through VerifyGraphs: padding to a power-of-two batch and a context
+bucket gives the eager forward's logits and K/V; padding rows touch only the scratch slot.
+On the CPU the graphs run uncaptured on the same static buffers; with a GPU they are captured."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.model.kv_cache import KVCache
+from tandem.model.loader import load_model
+from tandem.model.verify_graphs import VerifyGraphs
+
+K = 3
+
+
+def _cache(model, device) -> KVCache:
+    c = model.config
+    return KVCache(c.num_layers, 4, 64, c.num_kv_heads, c.head_dim, model.dtype, device, scratch_slots=1)
+
+
+def _prefilled(model, device):
+    cache = _cache(model, device)
+    gen = torch.Generator().manual_seed(3)
+    prompts = {0: torch.randint(256, (9,), generator=gen), 2: torch.randint(256, (14,), generator=gen),
+               3: torch.randint(256, (5,), generator=gen)}
+    for slot, p in prompts.items():
+        model(p[None].to(device), torch.tensor([slot], device=device), torch.tensor([0], device=device), cache)
+    return cache, {slot: len(p) for slot, p in prompts.items()}
+
+
+def _run_both(model, device, capture: bool):
+    slots = [2, 0, 3]  # n=3: padded to 4
+    rows = torch.randint(256, (3, K), generator=torch.Generator().manual_seed(5))
+    eager_cache, lengths = _prefilled(model, device)
+    starts = [lengths[s] for s in slots]
+    eager = model(rows.to(device), torch.tensor(slots, device=device), torch.tensor(starts, device=device),
+                  eager_cache, capture_layers=(0,))
+    graph_cache, _ = _prefilled(model, device)
+    graphs = VerifyGraphs(model, graph_cache, capture=capture)
+    graphed = graphs.forward(rows.flatten().tolist(), 3, K, slots, starts, (0,))
+    return eager, eager_cache, graphed, graph_cache, graphs
+
+
+def _check(eager, eager_cache, graphed, graph_cache, tol: float):
+    assert graphed is not None and graphed.logits.shape == eager.logits.shape
+    assert (graphed.logits - eager.logits).abs().max().item() <= tol * eager.logits.abs().max().item()
+    assert torch.equal(graphed.logits.argmax(-1), eager.logits.argmax(-1))
+    assert (graphed.hidden[0] - eager.hidden[0]).abs().max().item() <= tol * eager.hidden[0].abs().max().item() + 1e-6
+    for layer in range(len(eager_cache.k)):  # every real slot holds the same K/V as after the eager forward
+        real = slice(0, eager_cache.num_slots)
+        assert (graph_cache.k[layer][real] - eager_cache.k[layer][real]).abs().max().item() <= tol * 10
+
+
+def test_padded_verify_forward_equals_the_eager_one_and_pads_only_write_the_scratch_slot(tiny_model_dir):
+    model = load_model(tiny_model_dir("qwen2"), progress=False).model
+    eager, eager_cache, graphed, graph_cache, graphs = _run_both(model, "cpu", capture=False)
+    _check(eager, eager_cache, graphed, graph_cache, 1e-5)
+    assert list(graphs.graphs) == [(4, K, 64, (0,))]  # batch 3 -> 4, context 17 -> the whole 64-position cache
+    assert graph_cache.k[0][graph_cache.scratch_slot].abs().sum() > 0  # the padding row wrote there
+
+
+def test_batches_over_the_row_cap_are_left_to_the_eager_forward(tiny_model_dir):
+    model = load_model(tiny_model_dir("llama"), progress=False).model
+    cache = _cache(model, "cpu")
+    graphs = VerifyGraphs(model, cache, max_rows=8, capture=False)
+    assert graphs.forward([1] * 9, 3, 3, [0, 1, 2], [0, 0, 0], ()) is None  # 4 x 3 padded rows > 8
+    assert not graphs.graphs
+
+
+def test_verify_graphs_need_a_scratch_slot(tiny_model_dir):
+    model = load_model(tiny_model_dir("llama"), progress=False).model
+    with pytest.raises(ValueError, match="scratch"):
+        VerifyGraphs(model, model.new_cache(num_slots=2, max_seq_len=32), capture=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_verify_graph_replays_the_eager_forward_on_the_gpu(tiny_model_dir):
+    model = load_model(tiny_model_dir("qwen2"), dtype=torch.float32, device="cuda", progress=False).model
+    eager, eager_cache, graphed, graph_cache, graphs = _run_both(model, "cuda", capture=True)
+    _check(eager, eager_cache, graphed, graph_cache, 1e-4)
+    assert all(g.graph is not None for g in graphs.graphs.values())
