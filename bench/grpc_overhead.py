@@ -8,8 +8,10 @@ difference of the median tick times is the control-path overhead (target: <= 1 m
 The target is a tiny random Llama (2 layers), so the forward is about a millisecond and
 the overhead is not lost in the forward's noise; the control path does not depend on
 the model's size. The groups take turns, round by round, so a busy machine slows them
-alike. The two-rank group (tensor parallel 2, gloo) is shown for information: its ticks
-also pay the forward's all-reduces, which are not control path.
+alike. The gRPC group sends the tick's commands on one Session stream per rank (what
+the engine uses); the same group with unary calls is shown for comparison. The two-rank
+group (tensor parallel 2, gloo) is shown for information: its ticks also pay the
+forward's all-reduces, which are not control path.
 
     python bench/grpc_overhead.py [--ticks 400] [--no-tp2]
 
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                          row_budget=64, dtype="float32", device="cpu")
         groups = {"in-process (LocalShardGroup)": LocalShardGroup(build_model_shard(spec, progress=False)[0])}
         groups["gRPC, 1 shard process"] = GrpcShardGroup(spec, ProcessLauncher(1, threads_per_rank=1), deadline_s=30)
+        groups["gRPC, 1 shard process, unary"] = GrpcShardGroup(spec, ProcessLauncher(1, threads_per_rank=1), deadline_s=30,
+                                                               sessions=False)
         if not args.no_tp2:
             groups["gRPC, 2 shard processes (TP2)"] = GrpcShardGroup(spec, ProcessLauncher(2, threads_per_rank=1), deadline_s=30)
         try:
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead_ms_per_tick": round(overhead, 4),
         "local_ms_per_tick": round(local, 4),
         "grpc_ms_per_tick": round(medians["gRPC, 1 shard process"], 4),
+        "grpc_unary_ms_per_tick": round(medians["gRPC, 1 shard process, unary"], 4),
         "rpc_round_trip_ms": round(ping, 4),
         "n": N,
         "k": K,

@@ -83,6 +83,15 @@ def test_token_lists_are_packed_so_a_verify_of_8_by_5_stays_small():
     assert len(codec.encode_verify_result(res).SerializeToString()) < 300
 
 
+def test_an_all_greedy_verify_sends_no_sampling_specs_and_reads_back_as_n_greedy_ones():
+    greedy = VerifyBatch(batch_id=1, n=3, k=2, slots=[0, 1, 2], start_pos=[4, 4, 4], tokens=[1] * 6, sampling=[GREEDY] * 3)
+    msg = through_the_wire(codec.encode_verify(greedy))
+    assert len(msg.sampling) == 0
+    assert codec.decode_verify(msg) == greedy
+    mixed = VerifyBatch(batch_id=1, n=2, k=1, slots=[0, 1], start_pos=[4, 4], tokens=[1, 2], sampling=[GREEDY, SAMPLED])
+    assert len(through_the_wire(codec.encode_verify(mixed)).sampling) == 2
+
+
 def test_a_propose_result_whose_counts_do_not_cover_its_tokens_is_refused():
     with pytest.raises(ValueError, match="counts"):
         codec.decode_propose_result(pb.ProposeResult(tokens=[1, 2, 3], counts=[1, 1]))

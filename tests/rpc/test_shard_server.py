@@ -69,6 +69,27 @@ def test_a_shard_refuses_malformed_messages_with_invalid_argument_and_keeps_serv
     assert health.ready and not health.busy and health.last_verdict_batch_id == 1 and not health.last_verdict_failed
 
 
+@pytest.mark.timeout(120)
+def test_a_session_stream_answers_each_command_in_order_and_a_refused_one_does_not_end_it(shard_server, tiny_model_dir):
+    stub, _ = shard_server()
+    init(stub, tiny_model_dir)
+    commands = [
+        pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[pb.PrefillItem(slot=0, tokens=[1, 2, 3])])),
+        pb.Command(timeout_s=10, verify=verify_msg(tokens=[5])),  # refused: len(tokens) != n*k
+        pb.Command(timeout_s=10, verify=verify_msg()),
+        pb.Command(timeout_s=10, commit=pb.Verdict(batch_id=1, words=[2])),
+        pb.Command(timeout_s=10, release=pb.ReleaseRequest(slots=[0])),
+        pb.Command(timeout_s=10),  # no command at all
+    ]
+    replies = list(stub.Session(iter(commands), timeout=30))
+    assert [r.WhichOneof("reply") for r in replies] == ["prefill", None, "verify", "done", "done", None]
+    assert replies[1].code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and replies[1].details.startswith("len(tokens)==n*k")
+    assert replies[5].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert len(replies[2].verify.picks) == 2 and replies[0].prefill.next_tokens
+    health = stub.Health(pb.Empty(), timeout=10)
+    assert health.last_verdict_batch_id == 1 and health.pending_batch_id == 0
+
+
 def test_a_shard_refuses_commands_before_init_and_faults_unless_enabled(shard_server, tiny_model_dir):
     stub, _ = shard_server()
     assert not stub.Health(pb.Empty(), timeout=10).ready

@@ -28,6 +28,8 @@ from tandem.sampling_params import SamplingParams
 
 log = logging.getLogger("tandem.actors")
 
+_INLINE_PROMPT_LEN = 4096  # prompts up to this long (characters or token ids) are taken on the event loop
+
 
 @dataclass(frozen=True)
 class SchedulerSettings:
@@ -176,8 +178,13 @@ class SchedulerActor:
         else:
             self._routes[rid] = subscriber
         try:
-            # add_request tokenizes the prompt: off the event loop.
-            await self._loop.run_in_executor(self._pool, e.add_request, prompt, params, rid)
+            if isinstance(prompt, (str, list)) and len(prompt) > _INLINE_PROMPT_LEN:
+                # tokenizing (or checking) a long prompt takes a while: off the event loop
+                await self._loop.run_in_executor(self._pool, e.add_request, prompt, params, rid)
+            else:
+                # a short one costs less than the hop to a pool thread and back, which the
+                # first token waits for; add_request takes only the short submit lock
+                e.add_request(prompt, params, rid)
         except BaseException:
             self._queues.pop(rid, None)
             self._routes.pop(rid, None)

@@ -2,13 +2,16 @@
 
 encode_X(dataclass) -> message and decode_X(message) -> dataclass for every command
 and result. Lists keep their order and shape; the one lossy field is a sampling seed,
-which travels modulo 2**64 (the counter-based sampler uses no more of it).
+which travels modulo 2**64 (the counter-based sampler uses no more of it). A verify batch
+whose sequences are all greedy sends no sampling specs (an empty list decodes as n greedy
+ones): at n=64 the 64 empty submessages cost ~0.1 ms a tick to build and parse.
 """
 from __future__ import annotations
 
 from tandem.drafters.factory import RankDrafterInfo
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
+    GREEDY,
     PrefillItem,
     PrefillResult,
     ProposeBatch,
@@ -136,7 +139,7 @@ def encode_verify(c: VerifyBatch) -> pb.VerifyBatch:
         slots=c.slots,
         start_pos=c.start_pos,
         tokens=c.tokens,
-        sampling=[encode_sampling(s) for s in c.sampling],
+        sampling=[] if all(s == GREEDY for s in c.sampling) else [encode_sampling(s) for s in c.sampling],
     )
 
 
@@ -148,7 +151,7 @@ def decode_verify(m: pb.VerifyBatch) -> VerifyBatch:
         slots=list(m.slots),
         start_pos=list(m.start_pos),
         tokens=list(m.tokens),
-        sampling=[decode_sampling(s) for s in m.sampling],
+        sampling=[decode_sampling(s) for s in m.sampling] if m.sampling else [GREEDY] * max(0, m.n),
     )
 
 

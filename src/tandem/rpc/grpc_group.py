@@ -1,10 +1,13 @@
 """GrpcShardGroup: the target on N shard server processes, driven over gRPC.
 
-Every command goes to all ranks at once (one gRPC future per rank, each with a
-deadline) and rank 0's answer is the group's; propose goes to rank 0 alone, where the
-rank-side drafter lives. A verify batch is checked against the shape rules before
-anything is sent, and after the forward the verdict words go to every rank; commit()
-returns only when every rank has acknowledged them, so nothing reaches a client first.
+Every command goes to all ranks at once, each with a deadline, and rank 0's answer is
+the group's; propose goes to rank 0 alone, where the rank-side drafter lives. The
+tick's commands (prefill, verify, commit, propose, release) travel on one Session
+stream per rank (tandem.rpc.session: cheaper than a unary call each); start-up, health
+and the failed verdict use unary calls. A verify batch is checked against the shape
+rules before anything is sent, and after the forward the verdict words go to every
+rank; commit() returns only when every rank has acknowledged them, so nothing reaches a
+client first.
 
 Failures, as the seed's ep_fail_verify_batch: a verify that fails on any rank (an
 exception, a lost rank, a passed deadline) or whose rank-0 result is short sends the
@@ -43,6 +46,7 @@ from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.launcher import ShardLauncher
 from tandem.rpc.server import CHANNEL_OPTIONS
+from tandem.rpc.session import Session, Watchdog
 from tandem.shard.commands import (
     PrefillItem,
     PrefillResult,
@@ -90,8 +94,10 @@ class GrpcShardGroup:
         init_deadline_s: float = 300.0,
         collective_timeout_s: float | None = None,
         failed_verdict_deadline_s: float | None = None,
+        sessions: bool = True,
     ):
         self.spec = spec
+        self.use_sessions = sessions  # False: the tick's commands as unary calls (the bench's comparison)
         self.launcher = launcher
         self.deadline_s = deadline_s
         self.init_deadline_s = init_deadline_s
@@ -101,6 +107,8 @@ class GrpcShardGroup:
         self.last_failure: str | None = None
         self._channels: list[grpc.Channel] = []
         self._stubs: list[pb_grpc.ShardControlStub] = []
+        self._sessions: list[Session] = []
+        self._watchdog: Watchdog | None = None
         self._healthy = False
         try:
             self._start()
@@ -176,6 +184,9 @@ class GrpcShardGroup:
     def close(self) -> None:
         self._healthy = False
         self._close_channels()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         self.launcher.stop()
 
     # ---- start ---------------------------------------------------------------------------
@@ -213,6 +224,11 @@ class GrpcShardGroup:
         self.drafter_info = codec.decode_drafter_info(replies[0].value.drafter)
         self._check_drafter()
         self.rules = ShapeRules(num_slots=self.limits.num_slots, row_budget=self.limits.row_budget)
+        if self.use_sessions:
+            if self._watchdog is None:
+                self._watchdog = Watchdog()
+            self._sessions = [Session(stub, rank) for rank, stub in enumerate(self._stubs)]
+            self._watchdog.sessions = list(self._sessions)
         self.last_failure = None
         self._healthy = True
         log.info("shard group of %d ranks ready at %s", world, ", ".join(self.addresses))
@@ -233,6 +249,11 @@ class GrpcShardGroup:
             raise ShardError(f"shard group {what} failed: {self._describe(failed, self.init_deadline_s)}", unhealthy=True)
 
     def _close_channels(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.sessions = []
+        for session in self._sessions:
+            session.close()
+        self._sessions = []
         for c in self._channels:
             c.close()
         self._channels, self._stubs = [], []
@@ -240,8 +261,10 @@ class GrpcShardGroup:
     # ---- failures ------------------------------------------------------------------------
 
     def _fail_verify(self, cmd: VerifyBatch, cause: str) -> NoReturn:
-        """The seed's ep_fail_verify_batch: the all-zero verdict to every reachable rank, then raise."""
-        replies = self._fan_out("Commit", codec.encode_verdict(failed_verdict(cmd.batch_id, cmd.n)), self.failed_verdict_deadline_s)
+        """The seed's ep_fail_verify_batch: the all-zero verdict to every reachable rank, then raise.
+        Unary calls: a rank whose stream failed (a passed deadline) may still answer one."""
+        replies = self._fan_out("Commit", codec.encode_verdict(failed_verdict(cmd.batch_id, cmd.n)),
+                                self.failed_verdict_deadline_s, unary=True)
         acked = [r.rank for r in replies if r.ok]
         self._lose(
             f"verify of batch {cmd.batch_id} (n={cmd.n}, k={cmd.k}) failed on the shard group: {cause}; "
@@ -283,12 +306,15 @@ class GrpcShardGroup:
     # ---- fan-out -------------------------------------------------------------------------
 
     def _fan_out(self, method: str, request, timeout: float, *, ranks: list[int] | None = None,
-                 wait_for_ready: bool = False) -> list[_Reply]:
+                 wait_for_ready: bool = False, unary: bool = False) -> list[_Reply]:
         """Send `request` (or requests[rank]) to the ranks at once; every rank's reply, in rank order.
 
-        The other ranks get futures; the first is called blocking from this thread, which
-        saves a thread hop on the path the scheduler waits for."""
+        A tick's command goes on the ranks' Session streams (unless `unary`); any other
+        is a unary call: the other ranks get futures, the first is called blocking from
+        this thread, which saves a thread hop on the path the scheduler waits for."""
         ranks = list(range(len(self._stubs))) if ranks is None else ranks
+        if not unary and method in _SESSION_FIELDS and self._sessions:
+            return self._over_sessions(method, request, timeout, ranks)
         done_at: dict[int, float] = {}
 
         def payload(rank: int):
@@ -322,6 +348,25 @@ class GrpcShardGroup:
             except grpc.RpcError as e:
                 replies.append(_Reply(rank, code=e.code(), details=e.details() or "", at=done_at.get(rank, time.monotonic())))
         return replies
+
+    def _over_sessions(self, method: str, request, timeout: float, ranks: list[int]) -> list[_Reply]:
+        field = _SESSION_FIELDS[method]
+        shared = None if isinstance(request, list) else pb.Command(timeout_s=timeout, **{field: request})
+        for rank in ranks:
+            cmd = shared or pb.Command(timeout_s=timeout, **{field: request[rank]})
+            self._sessions[rank].send(cmd, timeout)
+        replies = []
+        for rank in ranks:
+            reply, code, details, at = self._sessions[rank].receive()
+            if code is None:
+                replies.append(_Reply(rank, value=getattr(reply, reply.WhichOneof("reply"))))
+            else:
+                replies.append(_Reply(rank, code=code, details=details, at=at))
+        return replies
+
+
+# the tick's commands, which go on the Session streams: method -> Command field
+_SESSION_FIELDS = {"Prefill": "prefill", "Verify": "verify", "Commit": "commit", "Propose": "propose", "Release": "release"}
 
 
 def _shape_error(reply: _Reply) -> ShapeError:

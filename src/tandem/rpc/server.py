@@ -6,9 +6,11 @@ rendezvous may take up to the Init deadline; every collective after it fails aft
 `collective_timeout_s`, so a rank whose peer died or hangs gives up and answers.
 
 One command runs at a time (a lock); a command that cannot get the lock before its
-deadline is answered UNAVAILABLE. Health never waits. A malformed command (wrong shape,
-unknown slot, empty tokens) is refused with INVALID_ARGUMENT before any state changes,
-and the server keeps serving; any other failure is INTERNAL, with the exception's text.
+deadline is answered UNAVAILABLE. The scheduler sends its tick's commands on a Session
+stream (one per rank and group, see grpc_group); each has a unary RPC too. Health never
+waits. A malformed command (wrong shape, unknown slot, empty tokens) is refused with
+INVALID_ARGUMENT before any state changes, and the server keeps serving; any other
+failure is INTERNAL, with the exception's text.
 
 With fault_injection=True the InjectFault RPC arms a fault for the next verify forward
 (raise, hang or exit half way through the layers, or a short result): the tests' way to
@@ -67,6 +69,15 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         self._verdicts = 0
         self._failed_verdicts = 0
         self._last_verdict: Verdict | None = None
+        # Session command -> (message -> reply message, the reply's field). Decoding runs
+        # inside the command, so a message the codec refuses fails that command, not the stream.
+        self._session_handlers: dict[str, tuple[Callable, str]] = {
+            "prefill": (lambda m: codec.encode_prefill_result(self.shard.prefill(codec.decode_prefill(m))), "prefill"),
+            "verify": (lambda m: self._verify(codec.decode_verify(m)), "verify"),
+            "commit": (lambda m: self._commit(codec.decode_verdict(m)), "done"),
+            "propose": (lambda m: codec.encode_propose_result(self.shard.propose(codec.decode_propose(m))), "propose"),
+            "release": (lambda m: self._release(codec.decode_release(m)), "done"),
+        }
 
     # ---- RPCs ---------------------------------------------------------------------------
 
@@ -100,6 +111,10 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         slots = codec.decode_release(request)
         return self._command(context, "release", lambda: self._release(slots))
 
+    def Session(self, request_iterator, context):
+        for cmd in request_iterator:
+            yield self._session_command(cmd)
+
     def Health(self, request, context):
         shard, last = self.shard, self._last_verdict
         pending = shard.pending if shard is not None else None
@@ -128,23 +143,41 @@ class ShardServicer(pb_grpc.ShardControlServicer):
     def _command(self, context, what: str, run: Callable, *, need_shard: bool = True):
         """Run one command under the lock; map its failure onto a gRPC status."""
         remaining = context.time_remaining()
+        result, code, message = self._execute(what, run, remaining, need_shard=need_shard)
+        if code is None:
+            return result
+        context.abort(code, message)
+
+    def _execute(self, what: str, run: Callable, remaining: float | None, *, need_shard: bool = True):
+        """(result, None, "") or (None, status code, why): one command under the lock."""
         wait = _NO_DEADLINE_WAIT_S if remaining is None else max(0.0, remaining - 0.05)
         if not self._lock.acquire(timeout=wait):
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: busy with an earlier command past the {what} deadline")
+            return None, grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: busy with an earlier command past the {what} deadline"
         try:
             if need_shard and self.shard is None:
                 raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{what} before Init")
-            return run()
+            return run(), None, ""
         except _Refused as e:
-            code, message = e.code, str(e)
+            return None, e.code, str(e)
         except ShapeError as e:
-            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
+            return None, grpc.StatusCode.INVALID_ARGUMENT, str(e)
         except Exception as e:  # noqa: BLE001 - the caller gets every failure, with its cause
             log.exception("rank %d: %s failed", self.rank, what)
-            code, message = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
+            return None, grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
         finally:
             self._lock.release()
-        context.abort(code, message)
+
+    def _session_command(self, cmd: pb.Command) -> pb.CommandReply:
+        """One command of a Session stream: the same work as its unary RPC, the failure
+        status in the reply instead of ending the call (the stream stays open)."""
+        kind = cmd.WhichOneof("command")
+        if kind is None:
+            return pb.CommandReply(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], details="command: none given")
+        run, field = self._session_handlers[kind]
+        result, code, message = self._execute(kind, lambda: run(getattr(cmd, kind)), cmd.timeout_s or None)
+        if code is not None:
+            return pb.CommandReply(code=code.value[0], details=message)
+        return pb.CommandReply(**{field: result})
 
     def _init(self, request) -> pb.InitReply:
         if self.shard is not None:

@@ -127,6 +127,38 @@ class PrefillResult(_message.Message):
     next_tokens: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, next_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class Command(_message.Message):
+    __slots__ = ("timeout_s", "prefill", "verify", "commit", "propose", "release")
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    PROPOSE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    timeout_s: float
+    prefill: PrefillRequest
+    verify: VerifyBatch
+    commit: Verdict
+    propose: ProposeBatch
+    release: ReleaseRequest
+    def __init__(self, timeout_s: _Optional[float] = ..., prefill: _Optional[_Union[PrefillRequest, _Mapping]] = ..., verify: _Optional[_Union[VerifyBatch, _Mapping]] = ..., commit: _Optional[_Union[Verdict, _Mapping]] = ..., propose: _Optional[_Union[ProposeBatch, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ...) -> None: ...
+
+class CommandReply(_message.Message):
+    __slots__ = ("code", "details", "prefill", "verify", "done", "propose")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    PROPOSE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    prefill: PrefillResult
+    verify: VerifyResult
+    done: Empty
+    propose: ProposeResult
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., prefill: _Optional[_Union[PrefillResult, _Mapping]] = ..., verify: _Optional[_Union[VerifyResult, _Mapping]] = ..., done: _Optional[_Union[Empty, _Mapping]] = ..., propose: _Optional[_Union[ProposeResult, _Mapping]] = ...) -> None: ...
+
 class VerifyBatch(_message.Message):
     __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,11 @@ class ShardControlStub:
                 request_serializer=shard__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=shard__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/tandem.shard.ShardControl/Session',
+                request_serializer=shard__pb2.Command.SerializeToString,
+                response_deserializer=shard__pb2.CommandReply.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/tandem.shard.ShardControl/Health',
                 request_serializer=shard__pb2.Empty.SerializeToString,
@@ -132,6 +137,15 @@ class ShardControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """The same commands (prefill, verify, commit, propose, release) on one long-lived
+        stream per rank: one reply per command, in order. What the scheduler's tick uses:
+        a message on an open stream skips a unary call's setup and its thread hand-offs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Never waits for a running command.
         """
@@ -183,6 +197,11 @@ def add_ShardControlServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=shard__pb2.ReleaseRequest.FromString,
                     response_serializer=shard__pb2.Empty.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=shard__pb2.Command.FromString,
+                    response_serializer=shard__pb2.CommandReply.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -384,6 +403,33 @@ class ShardControl:
             '/tandem.shard.ShardControl/Release',
             shard__pb2.ReleaseRequest.SerializeToString,
             shard__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.shard.ShardControl/Session',
+            shard__pb2.Command.SerializeToString,
+            shard__pb2.CommandReply.FromString,
             options,
             channel_credentials,
             insecure,
