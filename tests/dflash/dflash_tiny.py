@@ -40,16 +40,17 @@ def random_dflash(seed: int = 0, std: float = 0.3, **kw) -> DFlashDraftModel:
     return DFlashDraftModel(tiny_dflash_config(**kw)).init_weights(seed, std=std).eval().requires_grad_(False)
 
 
-def tiny_shard(target: LlamaForCausalLM, draft: DFlashDraftModel | None, cuda_graphs: bool | None = None) -> ModelShard:
+def tiny_shard(target: LlamaForCausalLM, draft: DFlashDraftModel | None, cuda_graphs: bool | None = None,
+               target_graphs: bool = False) -> ModelShard:
     """A shard of `target` with slots for SLOTS sequences, drafting with `draft` (None: no
-    drafter). cuda_graphs=True graphs the drafter's and the target's verify forwards; on the
-    CPU their padded graph shapes then run eagerly."""
+    drafter). cuda_graphs=True graphs the drafter's forwards, target_graphs=True the
+    target's verify forward; on the CPU their padded graph shapes then run eagerly."""
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
-    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT, dtype, device, scratch_slots=1 if cuda_graphs else 0)
+    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT, dtype, device, scratch_slots=1 if target_graphs else 0)
     drafter = (DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT, cuda_graphs=cuda_graphs)
                if draft is not None else None)
-    graphs = VerifyGraphs(target, cache, capture=device.type == "cuda") if cuda_graphs else None
+    graphs = VerifyGraphs(target, cache, capture=device.type == "cuda") if target_graphs else None
     return ModelShard(target, cache, row_budget=ROW_BUDGET, vocab_size=VOCAB, drafter=drafter, graphs=graphs)
 
 

@@ -62,7 +62,7 @@ def test_a_random_drafter_keeps_greedy_output_exact(batch, adaptive, target, tin
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_the_padded_graph_shapes_keep_greedy_output_exact(batch, target, tiny_reference):
     prompts, want = tiny_reference
-    shard = tiny_shard(target, random_dflash(seed=batch + 7), cuda_graphs=True)
+    shard = tiny_shard(target, random_dflash(seed=batch + 7), cuda_graphs=True, target_graphs=True)
     engine = tiny_engine(shard, "dflash", batch, num_speculative_tokens=5, adaptive=False)
     outs = run_joining_midway(engine, prompts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outs] == want[:batch]
@@ -80,7 +80,7 @@ def test_on_a_gpu_cuda_graph_drafts_keep_greedy_output_exact(batch, target):
     params = SamplingParams(max_tokens=MAX_TOKENS)
     want = [o.token_ids for o in tiny_engine(tiny_shard(gpu_target, None), "none", SLOTS).generate(prompts[:batch], params)]
     draft = copy.deepcopy(random_dflash(seed=batch)).to("cuda")
-    shard = tiny_shard(gpu_target, draft, cuda_graphs=True)
+    shard = tiny_shard(gpu_target, draft, cuda_graphs=True, target_graphs=True)
     engine = tiny_engine(shard, "dflash", batch, num_speculative_tokens=5, adaptive=False)
     outs = run_joining_midway(engine, prompts[:batch], params)
     assert [o.token_ids for o in outs] == want
