@@ -76,6 +76,7 @@ class AdaptiveSpec:
 
 
 ALPHA_PRIOR = SpecControl.alpha
+PREFILL_ROW_SHARE = 0.8  # a large verify's cost per row as a share of a prefill's, at least
 TURN_ON_MARGIN = 1.10  # how much faster than plain decoding a draft cap must look to be chosen
 
 
@@ -91,24 +92,48 @@ def expected_tokens(alpha: float, g: int) -> float:
 class BatchCostModel:
     """Measured forward milliseconds by row count (power-of-two buckets, EMA)."""
 
-    def __init__(self, ema: float = 0.3):
+    def __init__(self, ema: float = 0.3, warmup_samples: int = 0):
         self.ema = ema
+        # The first samples of each bucket (and of propose) are dropped: they pay one-off
+        # costs (allocations, kernel choice, a CUDA-graph capture: 10-30x a replay) that
+        # would otherwise price a cap out for good, as an unused cap is never re-measured.
+        # The unmeasured bucket is priced optimistically meanwhile, so it gets tried again.
+        self.warmup_samples = warmup_samples
+        self._seen: dict[object, int] = {}
         self.forward_ms: dict[int, float] = {}
         self.propose_ms_per_step: float | None = None
+        self.prefill_ms_per_row: float | None = None  # see record_prefill
 
     @staticmethod
     def _bucket(rows: int) -> int:
         return 1 << max(0, math.ceil(math.log2(max(rows, 1))))
 
+    def _warming_up(self, key: object) -> bool:
+        seen = self._seen.get(key, 0)
+        self._seen[key] = seen + 1
+        return seen < self.warmup_samples
+
     def record_forward(self, rows: int, ms: float) -> None:
         b = self._bucket(rows)
+        if self._warming_up(b):
+            return
         old = self.forward_ms.get(b)
         if old is not None:
             ms = min(ms, 2.0 * old)  # one stall (a busy machine, a GC pause) moves the estimate by ema * old at most
         self.forward_ms[b] = ms if old is None else (1 - self.ema) * old + self.ema * ms
 
+    def record_prefill(self, rows: int, ms: float) -> None:
+        """A prefill of `rows` prompt rows took `ms`: what a row costs where the forward is
+        compute-bound, known before any large verify has run. It floors the price of row
+        counts above every measured bucket (see estimate), so that a large batch is priced
+        before it first speculates: there the optimistic guess (the largest bucket's cost)
+        would try drafts, and a draft model's catch-up, that a compute-bound target cannot use."""
+        if rows > 0 and ms > 0:
+            per, old = ms / rows, self.prefill_ms_per_row
+            self.prefill_ms_per_row = per if old is None else (1 - self.ema) * old + self.ema * per
+
     def record_propose(self, steps: int, ms: float) -> None:
-        if steps <= 0:
+        if steps <= 0 or self._warming_up("propose"):
             return
         per = ms / steps
         old = self.propose_ms_per_step
@@ -131,6 +156,10 @@ class BatchCostModel:
         else:
             nearest = min(k for k in self.forward_ms if k > b)
             t = self.forward_ms[nearest] * b / nearest
+        if not at_or_above and self.prefill_ms_per_row is not None:
+            # rows cost at least what a prefill's did; a little less, as a batch's wider
+            # GEMMs run faster per row than one prompt's
+            t = max(t, PREFILL_ROW_SHARE * rows * self.prefill_ms_per_row)
         # more rows never cost less: a bucket priced above a larger one (a first forward
         # that paid for allocations, a stall) is held to it, or it would never be tried again
         return min([t, *at_or_above])

@@ -58,7 +58,7 @@ class Engine:
             group=group,
             drafter=drafter,
             adaptive=self.adaptive,
-            cost=BatchCostModel(),
+            cost=BatchCostModel(warmup_samples=1),
             metrics=self.metrics,
             clock=self.clock,
             detok=Detokenizer(tokenizer),
@@ -182,8 +182,10 @@ class Engine:
 
     def _prefill(self, seqs: list[Sequence], first: bool) -> None:
         """Prefill a batch; on failure retry one by one so a failure finishes only its own."""
+        items = [self._prefill_item(s, first) for s in seqs]
+        t0 = self.clock.now()
         try:
-            res = self.group.prefill([self._prefill_item(s, first) for s in seqs])
+            res = self.group.prefill(items)
         except (ShardError, ShapeError) as e:
             if isinstance(e, ShardError) and e.unhealthy:
                 self._requeue(seqs)
@@ -195,6 +197,7 @@ class Engine:
                 self._prefill([s], first)
             return
         now = self.clock.now()
+        self.ctx.cost.record_prefill(sum(len(it.tokens) for it in items), (now - t0) * 1000.0)
         for s, tok in zip(seqs, res.next_tokens):
             if first:
                 self.metrics.prompt_tokens.inc(len(s.prompt_ids))
@@ -202,6 +205,9 @@ class Engine:
                 s.emit(tok, self.ctx.detok)
                 self.metrics.generated_tokens.inc()
             s.drafts = []
+        # the cap counts the new sequences before their first propose: a cap left from a
+        # smaller batch would draft (and, for a draft model, catch up) a whole wave of prompts
+        self.ctx.draft_cap = self._draft_cap()
         propose_drafts([s for s in seqs if not s.finished], self.ctx)
 
     @staticmethod

@@ -101,3 +101,34 @@ def test_plain_rounds_bring_alpha_back_so_a_sequence_capped_to_zero_drafts_again
         a.record_plain(st, 1)  # ... so only plain rounds follow
     assert st.alpha > low + 0.6 * (ALPHA_PRIOR - low)
     assert cost.best_cap([4], [st.alpha], (0, 1, 2, 4)) > 0  # and it is tried again
+
+
+
+def test_a_prefill_floors_the_price_of_rows_above_every_measured_bucket():
+    cost = BatchCostModel()
+    cost.record_forward(1, 100.0)
+    cost.record_forward(3, 120.0)  # buckets 1 and 4: what batch-1 requests measured
+    assert cost.estimate(160) == 120.0  # optimistic: so it gets tried
+    cost.record_prefill(rows=500, ms=5000.0)  # 10 ms a row where compute-bound
+    assert cost.estimate(160) == 0.8 * 160 * 10.0
+    assert cost.estimate(4) == 120.0 and cost.estimate(8) == 120.0  # measured, or priced low anyway
+    # 32 sequences: 4 drafts each would cost 5x the rows for < 5x the tokens: off, before any try
+    assert cost.best_cap([4] * 32, [0.9] * 32, (0, 1, 2, 4)) == 0
+    assert cost.best_cap([4], [0.9], (0, 1, 2, 4)) == 4  # batch 1 still speculates
+
+
+def test_a_buckets_first_forward_and_the_first_propose_are_taken_as_warm_up():
+    # On a GPU a bucket's first forward captures a CUDA graph (10-30x a replay): kept, it
+    # would price speculation out for good, since an unused cap is never measured again.
+    cost = BatchCostModel(warmup_samples=1)
+    cost.record_forward(1, 10.0)
+    cost.record_forward(1, 10.0)
+    cost.record_forward(5, 300.0)  # the first 5-row forward: a capture
+    assert cost.estimate(1) == 10.0 and cost.estimate(5) == 10.0  # unmeasured: priced optimistically
+    assert cost.best_cap([4], [0.9], (0, 1, 2, 4)) == 4
+    cost.record_forward(5, 12.0)
+    assert cost.estimate(5) == 12.0
+    cost.record_propose(4, 400.0)
+    assert cost.propose_ms_per_step is None
+    cost.record_propose(4, 8.0)
+    assert cost.propose_ms_per_step == 2.0

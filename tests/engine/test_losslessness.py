@@ -69,3 +69,28 @@ def test_adaptive_speculation_keeps_greedy_output(make_engine, reference):
     texts = prompts(8)
     outs = run_joining_midway(engine, texts, SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outs] == [reference[t] for t in texts]
+
+
+@pytest.mark.parametrize("batch,budget", [(2, 256), (12, 256), (12, 40)])
+def test_draft_model_turned_on_late_catches_up_and_keeps_greedy_output(batch, budget, make_engine, weak_draft_group,
+                                                                       truncated_draft_dir, reference):
+    """The drafter's KV is filled lazily: a sequence that starts drafting only after some
+    tokens (here: half of them, 6 tokens in) catches up its prompt and those tokens first;
+    with a small catch-up budget, a few rows a propose (no drafts until all are in step)."""
+    engine = make_engine("draft-model", group=weak_draft_group, draft_model=truncated_draft_dir, adaptive=False)
+    drafter = weak_draft_group.shard.drafter
+    texts = prompts(batch)
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    ids = [engine.add_request(t, params) for t in texts]
+    for rid in ids[::2]:
+        engine.requests[rid].spec.off_until = 6
+    final, kept = {}, drafter.catch_up_budget
+    drafter.catch_up_budget = budget
+    try:
+        while len(final) < len(ids):
+            final.update((o.request_id, o) for o in engine.step() if o.finished)
+    finally:
+        drafter.catch_up_budget = kept
+    outs = [final[i] for i in ids]
+    assert [o.token_ids for o in outs] == [reference[t] for t in texts]
+    assert all(o.num_draft_tokens > 0 for o in outs[::2]), "a late sequence never drafted"

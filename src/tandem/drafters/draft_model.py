@@ -1,11 +1,21 @@
 """A smaller model of the same tokenizer drafting for the whole batch at once.
 
 It lives on rank 0 beside the target with KV slots of its own, mirroring the
-target's positions. Its KV holds the sequence's tokens up to `length[slot]`; a
-propose first feeds what it has not seen (the catch-up, padded to the batch's
-longest; pad rows sit past each slot's length and are never attended), then
-g-1 single-row steps. After a verdict that kept `rows` rows from P, the drafter
-stays valid up to min(its length, P + rows) (it never fed its last draft).
+target's positions. Its KV holds the sequence's tokens up to `length[slot]`.
+
+The KV is filled lazily: prefill feeds nothing (unless the sequence runs alone, see
+prefill), and a propose first feeds what the drafter has not seen (the catch-up: a
+whole prompt the first time, or the tokens a sequence emitted while it did not
+speculate). At large batches on a compute-bound target the batch cost rule may never
+draft for a sequence, and a prefill at admission (a third of the target's own) would
+then be pure waste. A propose catches up at most `catch_up_budget` rows (see propose).
+A catch-up's bulk goes in KV-only forwards of at most `chunk` rows (no LM head: a
+prompt's rows times a 151k vocabulary would be gigabytes); its last `tail` rows go with
+the drafting forward, whose head runs on each sequence's last real row only. Then g-1
+single-row steps.
+Pad rows (a shorter sequence in a wider forward) sit past the slot's length and are
+never attended. After a verdict that kept `rows` rows from P, the drafter stays
+valid up to min(its length, P + rows) (it never fed its last draft).
 """
 from __future__ import annotations
 
@@ -27,14 +37,31 @@ class DraftModelDrafter:
         self.target_vocab = target_vocab
         self.propose_batch_max = propose_batch_max
         self.device = next(model.parameters()).device
-        self.chunk = 256  # rows per prefill forward
+        self.chunk = 256  # most rows of one catch-up forward
+        self.catch_up_budget = 256  # most bulk catch-up rows of one propose (see propose)
+        self.tail = 2  # catch-up rows fed with the drafting forward: a steady round needs <= 2
+        self.live: set[int] = set()  # slots prefilled and not released
+        self._warm_up()
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        # One row through the model now, so that one-off costs of a first forward (the CPU
+        # weight packs, page faults) do not land in the first propose: the batch cost rule
+        # prices drafting from measured propose times. Slot 0's length stays 0.
+        self._forward([[0]], [0], [0])
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int], hidden=None) -> None:
-        for start in range(0, len(tokens), self.chunk):
-            part = tokens[start : start + self.chunk]
-            self._forward([part], [slot], [start])
-        self.cache.set_length(slot, len(tokens))
+        """Lazy (the first propose catches up), except for a sequence that runs alone: it
+        will draft, and its one-off catch-up inside a propose would be read by the batch
+        rule as the cost of every draft step (it prices drafting per step), turning a
+        paying batch-1 speculation off. Here it is KV only, as a propose would feed it."""
+        others = self.live - {slot}
+        self.live.add(slot)
+        self.cache.set_length(slot, 0)
+        if not others:
+            self._feed([list(tokens)], [slot], [0])
+            self.cache.set_length(slot, len(tokens))
 
     @torch.inference_mode()
     def propose(
@@ -45,14 +72,51 @@ class DraftModelDrafter:
         num_drafts: list[int],
         sampling: list[SamplingSpec],
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        n = len(slots)
-        g_max = max(num_drafts) if num_drafts else 0
-        if g_max <= 0:
-            return [[] for _ in slots], [None] * n
+        """Drafts for every sequence when all their catch-ups fit `catch_up_budget` rows
+        (beyond each tail), or when there is one sequence. Otherwise no drafts this round:
+        a wave of new or long idle sequences is caught up a budget a propose (smallest
+        first, KV only; the last may get a part), so a propose stays bounded, and at large
+        batches the batch rule usually turns drafting off before the rest of the wave has
+        cost anything. (Drafting for the in-step few would not pay there either: the verify
+        pads every sequence to their width, or runs a second forward.)"""
+        want = [i for i, g in enumerate(num_drafts) if g > 0]
+        bulk = {i: max(0, len(histories[i]) + 1 - self.cache.lengths[slots[i]] - self.tail) for i in want}
+        # at least 2 rows a sequence: while none drafts, each grows a row a tick, and the
+        # catch-up must outpace that
+        budget = max(self.catch_up_budget, 2 * len(want))
+        if len(want) > 1 and sum(bulk.values()) > budget:
+            rows, early = [], []
+            for i in sorted((i for i in want if bulk[i] > 0), key=bulk.get):
+                start = self.cache.lengths[slots[i]]
+                rows.append(histories[i][start : start + budget])  # the last one may be a part
+                early.append(i)
+                budget -= len(rows[-1])
+                if budget <= 0:
+                    break
+            starts = [self.cache.lengths[slots[i]] for i in early]
+            self._feed(rows, [slots[i] for i in early], starts)
+            for i, r, st in zip(early, rows, starts):
+                self.cache.set_length(slots[i], st + len(r))
+            want = []
+        drafts: list[list[int]] = [[] for _ in slots]
+        q: list[torch.Tensor | None] = [None] * len(slots)
+        if want:
+            pick = lambda xs: [xs[i] for i in want]  # noqa: E731
+            d, qd = self._draft(pick(slots), pick(histories), pick(last_tokens), pick(num_drafts), pick(sampling))
+            for i, di, qi in zip(want, d, qd):
+                drafts[i], q[i] = di, qi
+        return drafts, q
+
+    def _draft(self, slots, histories, last_tokens, num_drafts, sampling):
+        """Catch every sequence up, then g_max draft steps for all of them."""
+        g_max = max(num_drafts)
         starts = [self.cache.lengths[s] for s in slots]
         catch_up = [h[st:] + [last] for h, st, last in zip(histories, starts, last_tokens)]
         positions = [len(h) for h in histories]  # where each last token sits
-        logits = self._forward(catch_up, slots, starts)  # [n, V] at each catch-up's last row
+        tails = [min(len(c), self.tail) for c in catch_up]
+        self._feed([c[: len(c) - t] for c, t in zip(catch_up, tails)], slots, starts)
+        tail_rows = [c[len(c) - t :] for c, t in zip(catch_up, tails)]
+        logits = self._forward(tail_rows, slots, [p + 1 - t for p, t in zip(positions, tails)])  # [n, V]
         drafts: list[list[int]] = [[] for _ in slots]
         qs: list[list[torch.Tensor]] = [[] for _ in slots]
         for step in range(g_max):
@@ -70,6 +134,7 @@ class DraftModelDrafter:
         self.cache.set_length(slot, min(self.cache.lengths[slot], start_pos + rows))
 
     def release(self, slot: int) -> None:
+        self.live.discard(slot)
         self.cache.set_length(slot, 0)
 
     # ---- helpers ----------------------------------------------------------------------
@@ -92,18 +157,43 @@ class DraftModelDrafter:
         padded[:m] = q[:m]
         return padded
 
-    def _forward(self, rows: list[list[int]], slots: list[int], starts: list[int]) -> torch.Tensor:
-        """Ragged rows padded at their end; returns each sequence's last real row's logits [n, V]."""
+    def _feed(self, rows: list[list[int]], slots: list[int], starts: list[int]) -> None:
+        """Write ragged rows into the KV, no logits, in forwards of at most `chunk` rows.
+        Each forward takes the longest remaining pieces at one width; a piece under half
+        that width waits for a narrower forward (padding at most doubles the rows), and so
+        does one whose padding would run past the context."""
+        done = [0] * len(rows)
+        todo = [i for i, r in enumerate(rows) if r]
+        while todo:
+            todo.sort(key=lambda i: done[i] - len(rows[i]))  # longest remaining first
+            width = min(self.chunk, len(rows[todo[0]]) - done[todo[0]])
+            group = []
+            for i in todo:
+                if len(group) >= max(1, self.chunk // width) or 2 * (len(rows[i]) - done[i]) < width:
+                    break
+                if starts[i] + done[i] + width <= self.cache.max_seq_len:
+                    group.append(i)
+            self._forward([rows[i][done[i] : done[i] + width] for i in group], [slots[i] for i in group],
+                          [starts[i] + done[i] for i in group], logits=False)
+            for i in group:
+                done[i] += min(width, len(rows[i]) - done[i])
+            todo = [i for i in todo if done[i] < len(rows[i])]
+
+    def _forward(self, rows: list[list[int]], slots: list[int], starts: list[int],
+                 logits: bool = True) -> torch.Tensor | None:
+        """Ragged rows padded at their end; each sequence's last real row's logits [n, V]
+        (the LM head runs on those rows only), or None with logits=False (KV only)."""
         width = max(len(r) for r in rows)
         padded = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
         for i, r in enumerate(rows):
             padded[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        last = [[len(r) - 1] for r in rows] if logits else [[] for _ in rows]
         out = self.model(
             padded,
             torch.tensor(slots, dtype=torch.long, device=self.device),
             torch.tensor(starts, dtype=torch.long, device=self.device),
             self.cache,
             attn_len=max(starts) + width,
+            logit_rows=torch.tensor(last, dtype=torch.long, device=self.device).view(len(rows), -1),
         )
-        last = torch.tensor([len(r) - 1 for r in rows], device=self.device)
-        return out.logits[torch.arange(len(rows), device=self.device), last]  # [n, V]
+        return out.logits[:, 0] if logits else None  # [n, V]

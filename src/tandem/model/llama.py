@@ -207,7 +207,8 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,
-                capture_layers: tuple[int, ...] = (), attn_len: int | None = None) -> ModelOutput:
+                capture_layers: tuple[int, ...] = (), attn_len: int | None = None,
+                logit_rows: torch.Tensor | None = None) -> ModelOutput:
         """Run k new rows for each of n sequences through the model and the cache.
 
         tokens: [n, k]; slots: [n] (distinct cache slots); start_pos: [n].
@@ -218,6 +219,10 @@ class LlamaForCausalLM(nn.Module):
         syncs with the device and its shapes depend only on (n, k, attn_len). Left out,
         it is max(start_pos) + k, read from start_pos (a device sync on a GPU).
         Positions must stay below cache.max_seq_len: checked by the caller, not here.
+        logit_rows: [n, m] row indices (0..k-1) per sequence: the LM head runs on those rows
+        only and logits is [n, m, vocab] (m may be 0: a KV-only forward). Left out, every row
+        ([n, k, vocab]). A catch-up of long prompts needs one row's logits a sequence, and the
+        full head there would be [n * k, vocab] floats (151k wide for Qwen: gigabytes).
         """
         n, k = tokens.shape
         if attn_len is None:
@@ -242,4 +247,9 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, mask, cache.k[i], cache.v[i], slots, pos)
             if i in capture_layers:
                 hidden[i] = x
+        if logit_rows is not None:
+            if logit_rows.shape[1] == 0:  # KV only (an empty GEMM is not for every backend)
+                empty = torch.empty(n, 0, self.lm_head.out_features, dtype=torch.float32, device=device)
+                return ModelOutput(logits=empty, hidden=hidden)
+            x = x.gather(1, logit_rows[:, :, None].expand(-1, -1, x.shape[-1]))  # [n, m, hidden]
         return ModelOutput(logits=self.final_norm_and_head(x), hidden=hidden)

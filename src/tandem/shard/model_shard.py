@@ -189,7 +189,8 @@ class ModelShard:
         if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
             raise ShapeError("token ids", f"token ids must lie in [0, {self.vocab_size})")
 
-    def _forward(self, rows: torch.Tensor, slots: list[int], start_pos: list[int]):
+    def _forward(self, rows: torch.Tensor, slots: list[int], start_pos: list[int],
+                 logit_rows: torch.Tensor | None = None):
         return self.model(
             rows,
             torch.tensor(slots, dtype=torch.long, device=self.device),
@@ -197,6 +198,7 @@ class ModelShard:
             self.cache,
             capture_layers=self.capture,
             attn_len=max(start_pos) + rows.shape[1],
+            logit_rows=logit_rows,
         )
 
     def _forward_prompt(self, slot: int, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
@@ -207,7 +209,9 @@ class ModelShard:
         last_logits = None
         for start in range(0, len(tokens), chunk):
             part = torch.tensor(tokens[start : start + chunk], dtype=torch.long, device=self.device)[None]
-            out = self._forward(part, [slot], [start])
+            # the LM head on the chunk's last row only: a prompt's other rows need no logits
+            last_row = torch.full((1, 1), part.shape[1] - 1, dtype=torch.long, device=self.device)
+            out = self._forward(part, [slot], [start], logit_rows=last_row)
             last_logits = out.logits[0, -1]
             for layer in self.capture:
                 hidden[layer].append(out.hidden[layer][0])
