@@ -42,6 +42,7 @@ from tandem.shard.commands import SamplingSpec
 # long prompts, run eagerly). Set TANDEM_DFLASH_CUDA_GRAPHS=0 to run everything eagerly.
 CTX_BUCKET = 256
 FLUSH_MAX_ROWS = 512
+PENDING_MAX = 32  # commits a slot keeps pending before they are folded into its context
 
 
 class DFlashDrafter:
@@ -203,13 +204,15 @@ class DFlashDrafter:
         if start > self.length[slot]:
             raise ValueError(f"dflash: slot {slot} has rows up to {self.length[slot]}, a commit at {start} leaves a gap")
         self.written[slot] = min(self.written[slot], start)
-        kept = []
-        for s, f in self.pending.get(slot, []):
-            if s < start:
-                kept.append((s, f[: start - s]))
-        kept.append((start, feats.to(self.dtype)))
-        self.pending[slot] = kept
+        pending = self.pending.setdefault(slot, [])
+        if start < self.length[slot]:  # a rewind: drop what the slot held from `start` on
+            pending[:] = [(s, f[: start - s]) for s, f in pending if s < start]
+        pending.append((start, feats.to(self.dtype)))
         self.length[slot] = start + rows
+        # A sequence that does not draft (speculation off) still commits a row a tick: fold
+        # its rows in now and then, so the list and the next flush stay bounded.
+        if len(pending) >= PENDING_MAX:
+            self._flush([slot])
 
     def _flush(self, slots: list[int]) -> None:
         """All pending rows of `slots` -> context keys/values, in one flat pass."""
