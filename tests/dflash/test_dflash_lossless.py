@@ -176,3 +176,27 @@ def test_the_trained_drafter_keeps_greedy_output_exact_and_is_accepted(batch, de
     acceptance_length = 1 + sum(o.num_accepted_tokens for o in outs) / rounds
     print(f"batch {batch}: acceptance length {acceptance_length:.3f} over {rounds} rounds")
     assert acceptance_length > 1.3, f"the shipped drafter accepts little: {acceptance_length:.2f}"
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_sequences_that_do_not_draft_for_a_while_then_do_keep_greedy_output_exact(cuda_graphs, target):
+    # Speculation off for 40 tokens: the drafter folds its pending commits into the context
+    # on its own (every PENDING_MAX commits, from inside commit), then drafts from it.
+    from tandem.drafters.dflash.drafter import PENDING_MAX
+
+    max_tokens, quiet = 48, 40
+    assert quiet > PENDING_MAX
+    prompts = random_prompts(4, seed=41)
+    params = SamplingParams(max_tokens=max_tokens)
+    want = [o.token_ids for o in tiny_engine(tiny_shard(target, None), "none", SLOTS).generate(prompts, params)]
+    shard = tiny_shard(target, random_dflash(seed=5), cuda_graphs=cuda_graphs, target_graphs=cuda_graphs)
+    engine = tiny_engine(shard, "dflash", 4, num_speculative_tokens=5, adaptive=False)
+    ids = [engine.add_request(p, params) for p in prompts]
+    for rid in ids[::2]:
+        engine.requests[rid].spec.off_until = quiet
+    final = {}
+    while len(final) < len(ids):
+        final.update((o.request_id, o) for o in engine.step() if o.finished)
+    outs = [final[i] for i in ids]
+    assert [o.token_ids for o in outs] == want
+    assert all(o.num_draft_tokens > 0 for o in outs), "a sequence never drafted"

@@ -214,6 +214,7 @@ class DFlashDrafter:
         if len(pending) >= PENDING_MAX:
             self._flush([slot])
 
+    @torch.inference_mode()  # also called from commit, outside the propose's inference mode
     def _flush(self, slots: list[int]) -> None:
         """All pending rows of `slots` -> context keys/values, in one flat pass."""
         feats, pos, owner = [], [], []
