@@ -41,8 +41,9 @@ The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weight
   blocks in 274 s, 416 s in all before the engine check; held-out: offline acceptance
   length 3.244 over uniform anchors, 2.611 walked, engine 2.615 with 64/64 outputs equal
   to no-spec). On its training batches the same weights reach 5.1 (uniform anchors), so
-  what limits them is generalisation, not fitting: more varied prompts (--modifiers,
-  --num-self-prompts) are the next thing to try. A run of the same data cut to 2662 steps
+  what limits them is generalisation, not fitting. More varied prompts did not help:
+  `--num-prompts 14000 --modifiers --num-self-prompts 5000 --total-seconds 470` (3.43M
+  tokens, 6800 steps) gave 3.290 offline, 2.629 walked, engine 2.630. A run of the same data cut to 2662 steps
   gave engine 2.489; the previous shipped weights (2 layers, intermediate 1024, full
   vocabulary, 10000 prompts, 4917 steps of 64 sequences) 2.944 offline / 2.344 engine.
 
