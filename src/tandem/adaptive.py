@@ -166,15 +166,19 @@ class BatchCostModel:
 
     def best_cap(self, gammas: list[int], alphas: list[float], ladder: tuple[int, ...],
                  plan: Callable[[list[int]], float | None] | None = None) -> int:
-        """The draft cap for this tick; max(ladder) when nothing is measured yet.
+        """The draft cap for this tick; 0 while no forward has been measured.
 
         gammas/alphas: every running sequence's (gamma 0 for one whose speculation is off:
         it still takes a row and yields a token). plan(draft counts) prices the tick's
         forwards as the scheduler will batch them (tandem.batching.plan_cost: padded
         merges or one forward per count); without it, one forward of sum(g + 1) rows."""
         n = len(gammas)
-        if n == 0 or not self.forward_ms:
+        if n == 0:
             return max(ladder)
+        if not self.forward_ms:
+            # plain decoding until a forward has been measured: a first wave of many
+            # sequences would otherwise draft (and a draft model catch up its prompts) blind
+            return 0
         price = plan or (lambda gs: self.estimate(sum(g + 1 for g in gs)))
         best_cap, best_rate = 0, None
         for cap in ladder:

@@ -48,8 +48,13 @@ def test_batch_cap_keeps_speculation_when_rows_are_cheap():
     assert cost.best_cap([4] * 8, [0.8] * 8, (0, 1, 2, 4)) == 4
 
 
-def test_nothing_measured_means_full_speculation():
-    assert BatchCostModel().best_cap([4], [0.5], (0, 1, 2, 4)) == 4
+def test_nothing_measured_means_plain_decoding_until_a_forward_is_timed():
+    # a first wave of 32 sequences must not draft blind (a draft model would catch up
+    # every prompt for drafts a compute-bound target cannot use)
+    cost = BatchCostModel()
+    assert cost.best_cap([4] * 32, [0.7] * 32, (0, 1, 2, 4)) == 0
+    cost.record_forward(1, 10.0)  # memory-bound: more rows are priced alike until measured
+    assert cost.best_cap([4], [0.5], (0, 1, 2, 4)) == 4
 
 
 def test_batch_cap_prices_the_forwards_the_scheduler_will_run():
