@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=int, default=1, help="Run the target on N local gRPC shard processes (tensor parallel).")
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="Weights dtype: auto (bf16 on a GPU, float32 on the CPU).")
 
 
 def _prompts(args) -> list[str]:
@@ -68,6 +70,7 @@ def run(args) -> int:
             max_num_seqs=max(args.batch, 1),
             max_seq_len=args.max_seq_len,
             device=args.device,
+            dtype=args.dtype,
         )
     except (TandemError, ValueError, FileNotFoundError) as e:
         print(f"tandem generate: {e}", file=sys.stderr)
