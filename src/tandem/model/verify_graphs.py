@@ -3,9 +3,11 @@
 One graph per bucket (batch padded to a power of two, k rows, context read padded to a
 power of two of at least MIN_CTX positions, captured layers), captured the first time a
 verify of that bucket runs and replayed after. Few context buckets keep captures rare: a
-capture costs about as much as a few dozen replays. Padding rows write only the cache's scratch slot, and
-their outputs are dropped; the context padding lies past every row's causal mask.
-Prefill chunks and batches over `max_rows` rows run eagerly.
+capture costs about as much as a few dozen replays. Padding rows write only the cache's
+scratch slot, and their outputs are dropped; the context padding lies past every row's
+causal mask. Prefill chunks and batches over `max_rows` rows run eagerly.
+The outputs live in the graph's static buffers until its next replay: the shard reads
+them (picks, and the captured rows at commit) before its next verify.
 """
 from __future__ import annotations
 
