@@ -72,6 +72,7 @@ class Engine:
         self._inbox: deque[Sequence] = deque()  # added since the last tick began
         self._ids = 0
         self.recovering = False
+        self._prefill_tick = False  # the last tick only admitted (see step)
 
     # ---- building -----------------------------------------------------------------------
 
@@ -167,7 +168,13 @@ class Engine:
                     self.scheduler.add(self._inbox.popleft())
             if not self.group.healthy():
                 self._recover()
-            self._admit()
+            if self._admit() and not self._prefill_tick:
+                # The new sequences' first tokens go out now: their time to first token is
+                # their prefill, not prefill + the batch's verify. At most every other tick,
+                # so a steady stream of arrivals cannot hold the running sequences back.
+                self._prefill_tick = True
+                return self._collect()
+            self._prefill_tick = False
             self.ctx.draft_cap = self._draft_cap()
             for batch in self.scheduler.verify_batches(self.ctx.cost.estimate):
                 verify_step(batch, self.ctx)
@@ -175,10 +182,12 @@ class Engine:
                     break  # the rest wait for the recovery next tick
             return self._collect()
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
+        """Prefill the sequences that got a slot; whether there were any."""
         new = self.scheduler.admit()
         if new:
             self._prefill(new, first=True)
+        return bool(new)
 
     def _prefill(self, seqs: list[Sequence], first: bool) -> None:
         """Prefill a batch; on failure retry one by one so a failure finishes only its own."""

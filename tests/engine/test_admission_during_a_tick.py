@@ -29,6 +29,7 @@ def test_add_request_does_not_wait_for_the_running_tick(make_engine, local_group
     engine = make_engine("none", group=group)
     params = SamplingParams(max_tokens=3, temperature=0.0)
     first = engine.add_request("The capital of France is", params)
+    engine.step()  # its admission tick: the prefill hands out the first token, no verify yet
     ticker = threading.Thread(target=engine.step)
     ticker.start()
     try:
@@ -48,3 +49,22 @@ def test_add_request_does_not_wait_for_the_running_tick(make_engine, local_group
         outs.update((o.request_id, o) for o in engine.step() if o.finished)
     assert set(outs) == {first, *added}
     assert all(o.finish_reason == "length" and len(o.token_ids) == 3 for o in outs.values())
+
+
+def test_a_new_requests_first_token_comes_out_of_its_prefill_tick(make_engine, local_group):
+    engine = make_engine("ngram", group=local_group)
+    rid = engine.add_request("The capital of France is", SamplingParams(max_tokens=8, temperature=0.0))
+    outs = [o for o in engine.step() if o.request_id == rid]
+    assert [len(o.token_ids) for o in outs] == [1]  # before any verify of it ran
+
+
+def test_arrivals_every_tick_do_not_starve_running_sequences(make_engine, local_group):
+    # Every tick admits someone (one-token requests, finished by their prefill); the
+    # admission-only ticks alternate with verify ticks, so the long request still advances.
+    engine = make_engine("none", group=local_group)
+    long_id = engine.add_request("Once upon a time", SamplingParams(max_tokens=6, temperature=0.0))
+    done = {}
+    for i in range(12):
+        engine.add_request(f"Count: {i}", SamplingParams(max_tokens=1, temperature=0.0))
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert long_id in done and len(done[long_id].token_ids) == 6
