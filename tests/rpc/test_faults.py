@@ -82,7 +82,11 @@ def test_a_failed_rank_finishes_its_batch_with_an_error_and_the_next_request_suc
     rid = engine.add_request("Count with me: one, two, three,", SamplingParams(max_tokens=16, ignore_eos=True))
     call(addresses[rank], "InjectFault", F(mode=mode))
     t0 = time.monotonic()
-    out = next(o for o in engine.step() if o.request_id == rid)  # admit (prefill) and the failing verify
+    out = None
+    for _ in range(3):  # the admission tick (prefill, first token out), then the failing verify
+        out = next((o for o in engine.step() if o.request_id == rid), out)
+        if out is not None and out.finished:
+            break
     elapsed = time.monotonic() - t0
 
     assert out.finished and out.finish_reason == "error", out
