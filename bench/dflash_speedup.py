@@ -135,7 +135,7 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     from tandem.config import EngineConfig
     from tandem.engine import Engine
     from tandem.sampling_params import SamplingParams
-    from tandem.shard.factory import build_model_shard
+    from tandem.shard.factory import build_model_shard, resolve_device
     from tandem.shard.local_group import LocalShardGroup
 
     slots = max(batches)
@@ -166,7 +166,7 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     for b in batches:
         n = max(b, requests) if b == 1 else b
         chosen = [texts[i % len(texts)] for i in range(n)]
-        if str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        if resolve_device(device).type == "cuda":
             engine.generate(chosen[:b], params)  # this batch size's CUDA-graph captures, untimed
         m = engine.metrics
         v0, p0, t0_ticks = _hist(m.verify_ms), _hist(m.propose_ms), None

@@ -69,9 +69,10 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         self._verdicts = 0
         self._failed_verdicts = 0
         self._last_verdict: Verdict | None = None
-        # Session command -> (message -> reply message, the reply's field). Decoding runs
-        # inside the command, so a message the codec refuses fails that command, not the stream.
-        self._session_handlers: dict[str, tuple[Callable, str]] = {
+        # Tick command -> (message -> reply message, its field in a Session reply), for the
+        # unary RPCs and the Session stream alike. Decoding runs inside the command, so a
+        # message the codec refuses fails that command, not the stream.
+        self._handlers: dict[str, tuple[Callable, str]] = {
             "prefill": (lambda m: codec.encode_prefill_result(self.shard.prefill(codec.decode_prefill(m))), "prefill"),
             "verify": (lambda m: self._verify(codec.decode_verify(m)), "verify"),
             "commit": (lambda m: self._commit(codec.decode_verdict(m)), "done"),
@@ -92,24 +93,19 @@ class ShardServicer(pb_grpc.ShardControlServicer):
             return pb.CollectivePortReply(port=s.getsockname()[1])
 
     def Prefill(self, request, context):
-        items = codec.decode_prefill(request)
-        return self._command(context, "prefill", lambda: codec.encode_prefill_result(self.shard.prefill(items)))
+        return self._unary(context, "prefill", request)
 
     def Verify(self, request, context):
-        cmd = codec.decode_verify(request)
-        return self._command(context, "verify", lambda: self._verify(cmd))
+        return self._unary(context, "verify", request)
 
     def Commit(self, request, context):
-        verdict = codec.decode_verdict(request)
-        return self._command(context, "commit", lambda: self._commit(verdict))
+        return self._unary(context, "commit", request)
 
     def Propose(self, request, context):
-        cmd = codec.decode_propose(request)
-        return self._command(context, "propose", lambda: codec.encode_propose_result(self.shard.propose(cmd)))
+        return self._unary(context, "propose", request)
 
     def Release(self, request, context):
-        slots = codec.decode_release(request)
-        return self._command(context, "release", lambda: self._release(slots))
+        return self._unary(context, "release", request)
 
     def Session(self, request_iterator, context):
         for cmd in request_iterator:
@@ -167,13 +163,17 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         finally:
             self._lock.release()
 
+    def _unary(self, context, kind: str, request):
+        run, _ = self._handlers[kind]
+        return self._command(context, kind, lambda: run(request))
+
     def _session_command(self, cmd: pb.Command) -> pb.CommandReply:
         """One command of a Session stream: the same work as its unary RPC, the failure
         status in the reply instead of ending the call (the stream stays open)."""
         kind = cmd.WhichOneof("command")
         if kind is None:
             return pb.CommandReply(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], details="command: none given")
-        run, field = self._session_handlers[kind]
+        run, field = self._handlers[kind]
         result, code, message = self._execute(kind, lambda: run(getattr(cmd, kind)), cmd.timeout_s or None)
         if code is not None:
             return pb.CommandReply(code=code.value[0], details=message)
