@@ -1,18 +1,55 @@
 """Text of a sequence's output, and where a stop string cuts it."""
 from __future__ import annotations
 
+_PARTIAL = "\ufffd"  # what a UTF-8 character cut between tokens decodes as until it is whole
+
 
 class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
     def text(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        # No clean-up of spaces: it rewrites text across token boundaries (" ." -> "."),
+        # and then text decoded a window at a time would not join into the whole.
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def stable_text(self, token_ids: list[int]) -> str:
-        """The text so far minus a trailing partial character (a UTF-8 sequence cut
-        between tokens decodes as U+FFFD until its last byte arrives)."""
-        return self.text(token_ids).rstrip("\ufffd")
+
+class IncrementalText:
+    """One sequence's output text, decoded a few tokens at a time.
+
+    Decoding the whole output at every tick costs O(output) per sequence per tick
+    (0.7 ms for 4k tokens, per sequence, on this project's CPU). Instead each update
+    decodes only a window: the tokens since the last point where the text was whole,
+    after the tokens just before it (so a SentencePiece word keeps its leading space),
+    and keeps what the window adds. The pieces join into what decoding the whole output
+    at once gives (tested on the real tokenizer). Output tokens are only ever appended.
+    """
+
+    def __init__(self):
+        self.text = ""  # the text of tokens[:read], whole characters only
+        self.prefix = 0  # the window's context starts here ...
+        self.read = 0  # ... and its new tokens here
+
+    def _tail(self, detok: Detokenizer, tokens: list[int]) -> str:
+        before = detok.text(tokens[self.prefix : self.read])
+        after = detok.text(tokens[self.prefix :])
+        return after[len(before) :]
+
+    def stable(self, detok: Detokenizer, tokens: list[int]) -> str:
+        """The text so far without a trailing partial character."""
+        if self.read == len(tokens):
+            return self.text
+        tail = self._tail(detok, tokens)
+        if tail.endswith(_PARTIAL):  # wait for the character's last byte
+            return self.text + tail.rstrip(_PARTIAL)
+        self.text += tail
+        self.prefix, self.read = self.read, len(tokens)
+        return self.text
+
+    def whole(self, detok: Detokenizer, tokens: list[int]) -> str:
+        """The text so far, a trailing partial character included (as a final output has it)."""
+        text = self.stable(detok, tokens)
+        return text if self.read == len(tokens) else self.text + self._tail(detok, tokens)
 
 
 def find_stop(text: str, stops: tuple[str, ...], search_from: int) -> int | None:

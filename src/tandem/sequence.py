@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tandem.adaptive import SpecControl
-from tandem.detokenizer import Detokenizer, find_stop
+from tandem.detokenizer import Detokenizer, IncrementalText, find_stop
 from tandem.sampling_params import SamplingParams
 from tandem.shard.commands import SamplingSpec
 
@@ -57,6 +57,8 @@ class Sequence:
     first_token_time: float | None = None
     stop_cut: int | None = None  # where a stop string cuts the output text
     _stop_scan: int = 0  # where the next stop-string search starts
+    _text: IncrementalText = field(default_factory=IncrementalText)
+    drafter_state: object = None  # what a scheduler-side drafter keeps for this sequence
 
     # ---- derived ------------------------------------------------------------------------
 
@@ -85,7 +87,8 @@ class Sequence:
         return max(0, min(by_tokens, by_context))
 
     def output_text(self, detok: Detokenizer, stable: bool = False) -> str:
-        text = detok.stable_text(self.output_ids) if stable and not self.finished else detok.text(self.output_ids)
+        out, ids = self._text, self.output_ids
+        text = out.stable(detok, ids) if stable and not self.finished else out.whole(detok, ids)
         return text[: self.stop_cut] if self.stop_cut is not None else text
 
     @property
@@ -110,7 +113,7 @@ class Sequence:
             self.finish(FinishReason.LENGTH)
 
     def _hit_stop_string(self, detok: Detokenizer) -> bool:
-        text = detok.text(self.output_ids)
+        text = self._text.stable(detok, self.output_ids)
         cut = find_stop(text, self.params.stop, self._stop_scan)
         if cut is None:
             # a stop string may still end in a later token: rescan the overlap next time
