@@ -1,9 +1,14 @@
 """N-gram prompt lookup (Saxena's prompt lookup decoding): find the sequence's last
 n tokens earlier in its own history and propose what followed them there.
 
-Runs in the scheduler (no model); its q is one-hot at the draft.
+Runs in the scheduler (no model); its q is one-hot at the draft. Each sequence's
+history lives in a numpy buffer that grows with its tokens (seq.drafter_state), so a
+propose compares arrays in C instead of walking the window in Python (4k tokens:
+~1.2 ms a sequence a tick as a Python scan).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from tandem.sequence import Sequence
 
@@ -23,31 +28,56 @@ class NgramDrafter:
         return [self.propose_one(s, g) for s, g in zip(seqs, num_drafts)]
 
     def propose_one(self, seq: Sequence, num_drafts: int) -> list[int]:
-        return lookup(seq.all_ids[-self.window :], num_drafts, self.min_ngram, self.max_ngram)
+        if not isinstance(seq.drafter_state, _History):
+            seq.drafter_state = _History()
+        tokens = seq.drafter_state.update(seq)
+        return lookup(tokens[-self.window :], num_drafts, self.min_ngram, self.max_ngram)
 
     def on_commit(self, seq: Sequence, drafted: int, accepted: int) -> None:
-        pass  # stateless: the history is the state
+        pass  # the history only grows: rejected drafts never entered it
 
     def release(self, seq: Sequence) -> None:
-        pass
+        seq.drafter_state = None
 
 
-def lookup(tokens: list[int], num_drafts: int, min_ngram: int, max_ngram: int) -> list[int]:
+class _History:
+    """A sequence's prompt and output tokens in one array that grows as they do."""
+
+    def __init__(self):
+        self.buf = np.empty(256, dtype=np.int64)
+        self.n = 0
+
+    def update(self, seq: Sequence) -> np.ndarray:
+        p = len(seq.prompt_ids)
+        total = p + len(seq.output_ids)
+        if total > len(self.buf):
+            grown = np.empty(max(total, 2 * len(self.buf)), dtype=np.int64)
+            grown[: self.n] = self.buf[: self.n]
+            self.buf = grown
+        if self.n < p:
+            self.buf[self.n : p] = seq.prompt_ids[self.n :]
+            self.n = p
+        if self.n < total:
+            self.buf[self.n : total] = seq.output_ids[self.n - p :]
+            self.n = total
+        return self.buf[: self.n]
+
+
+def lookup(tokens: np.ndarray, num_drafts: int, min_ngram: int, max_ngram: int) -> list[int]:
     """Longest suffix n-gram first; its most recent earlier match with a full
-    continuation wins, else the most recent match's shorter continuation."""
+    continuation wins, else the match with the longest continuation (the oldest)."""
+    L = len(tokens)
     if num_drafts <= 0:
         return []
-    L = len(tokens)
     for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        suffix = tokens[L - n :]
-        best: list[int] = []
-        for start in range(L - n - 1, -1, -1):  # most recent first, never the suffix itself
-            if tokens[start : start + n] == suffix:
-                cont = tokens[start + n : start + n + num_drafts]
-                if len(cont) == num_drafts:
-                    return cont
-                if len(cont) > len(best):
-                    best = cont
-        if best:
-            return best
+        # match[s]: tokens[s:s+n] equals the suffix, for every start s before the suffix's own
+        match = tokens[: L - n] == tokens[L - n]
+        for j in range(1, n):
+            match &= tokens[j : L - n + j] == tokens[L - n + j]
+        starts = np.flatnonzero(match)
+        if starts.size == 0:
+            continue
+        full = starts[starts <= L - n - num_drafts]
+        s = int(full[-1]) if full.size else int(starts[0])
+        return tokens[s + n : s + n + num_drafts].tolist()
     return []
