@@ -59,7 +59,7 @@ class DigitsTokenizer:
 
     chat_template = None
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
         return " ".join(str(i) for i in ids)
 
 

@@ -54,7 +54,7 @@ def local_group(config: EngineConfig) -> LocalShardGroup:
 class IdsTokenizer:
     chat_template = None
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
         return " ".join(str(i) for i in ids)
 
 
