@@ -35,8 +35,10 @@ class Scheduler:
     def verify_batches(self, cost: CostFn | None = None) -> list[list[Sequence]]:
         """Running sequences in verify batches within the row budget: greedy ones of
         different draft counts share a padded batch where the cost model says it pays
-        (see tandem.batching), the others go by exact draft count."""
-        return plan_verify_batches(self.running, self.row_budget, self.max_batch, cost)
+        (see tandem.batching), the others go by exact draft count. Each batch is in slot
+        order: consecutive slots let the target read its KV cache in place."""
+        batches = plan_verify_batches(self.running, self.row_budget, self.max_batch, cost)
+        return [sorted(b, key=lambda s: s.slot) for b in batches]
 
     def reap(self) -> list[Sequence]:
         """Remove finished sequences from the running set; their slots go back to the pool."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.model.kv_cache import KVCache
+from tandem.model.kv_cache import KVCache, consecutive_start
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
@@ -195,5 +195,6 @@ class DraftModelDrafter:
             self.cache,
             attn_len=max(starts) + width,
             logit_rows=torch.tensor(last, dtype=torch.long, device=self.device).view(len(rows), -1),
+            slot_start=consecutive_start(slots),
         )
         return out.logits[:, 0] if logits else None  # [n, V]

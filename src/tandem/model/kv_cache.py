@@ -54,3 +54,10 @@ class KVCache:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} is outside 0..{self.num_slots - 1}")
+
+
+def consecutive_start(slots: list[int]) -> int | None:
+    """slots[0] when slots are slots[0], slots[0] + 1, ... in order (the forward's
+    slot_start: it then reads the cache in place), else None."""
+    first = slots[0] if slots else None
+    return first if first is not None and all(s == first + i for i, s in enumerate(slots)) else None

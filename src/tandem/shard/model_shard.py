@@ -11,7 +11,7 @@ import torch
 
 from tandem.drafters.rank_drafter import RankDrafter
 from tandem.errors import ShapeError
-from tandem.model.kv_cache import KVCache
+from tandem.model.kv_cache import KVCache, consecutive_start
 from tandem.model.verify_graphs import VerifyGraphs
 from tandem.sampling.rank_rule import pick_last, pick_rows
 from tandem.shard.commands import (
@@ -199,6 +199,7 @@ class ModelShard:
             capture_layers=self.capture,
             attn_len=max(start_pos) + rows.shape[1],
             logit_rows=logit_rows,
+            slot_start=consecutive_start(list(slots)),
         )
 
     def _forward_prompt(self, slot: int, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
