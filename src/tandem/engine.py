@@ -291,7 +291,7 @@ class Engine:
             prompt_token_ids=seq.prompt_ids,
             text=text,
             token_ids=list(seq.output_ids),
-            delta_text=text[len(prev_text) :] if text.startswith(prev_text) else text[len(prev_text) :],
+            delta_text=text[len(prev_text) :],  # the text only grows (stop prefixes are held back)
             delta_token_ids=seq.output_ids[prev_tokens:],
             finished=seq.finished,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,

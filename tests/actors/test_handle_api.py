@@ -19,6 +19,13 @@ def test_stream_deltas_join_into_the_generated_text(tp2):
     assert [t for o in outs for t in o.delta_token_ids] == full.token_ids
     assert outs[-1].finished and not any(o.finished for o in outs[:-1])
     assert outs[-1].usage == full.usage
+    # every output is whole again (Ray carried deltas), or deltas only when asked
+    for i, o in enumerate(outs):
+        assert o.token_ids == [t for p in outs[: i + 1] for t in p.delta_token_ids]
+        assert o.prompt_token_ids == full.prompt_token_ids and o.text == "".join(p.delta_text for p in outs[: i + 1])
+    lean = list(tp2.stream("The capital of France is", max_tokens=16, temperature=0.0, deltas_only=True))
+    assert [t for o in lean for t in o.delta_token_ids] == full.token_ids
+    assert all(o.text == "" and o.token_ids == [] for o in lean[:-1]) and lean[-1].text == full.text
 
 
 def test_async_stream_and_generate_agree(tp2):

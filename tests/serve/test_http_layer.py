@@ -2,6 +2,7 @@
 and the API key. The real app is tested end to end in the other files here."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -33,12 +34,12 @@ class FakeBackend:
             raise self.error
         return self.outputs[-1]
 
-    async def astream(self, prompt=None, params=None, *, messages=None, request_id=None):
+    async def astream(self, prompt=None, params=None, *, messages=None, request_id=None, deltas_only=False):
         self.calls.append((prompt, params, messages))
         if self.error:
             raise self.error
-        for o in self.outputs:
-            yield o
+        for o in self.outputs:  # as the real handle: before the last output, deltas only
+            yield dataclasses.replace(o, text="", token_ids=[]) if deltas_only and not o.finished else o
 
     async def ahealth(self):
         return {"status": "ok", "recovering": False}
@@ -163,3 +164,15 @@ def test_a_stream_holds_back_text_that_may_begin_a_stop_string():
     r = client(backend).post("/v1/completions", json={"model": "fake", "prompt": "x", "stream": True, "stop": ["Paris"]})
     texts = [json.loads(d)["choices"][0]["text"] for d in events(r.text)[:-1]]
     assert "".join(texts) == "The "
+
+
+def test_stream_deltas_hold_back_what_may_begin_a_stop_string():
+    from tandem.serve.api import TextDeltas
+
+    d = TextDeltas(("\n\nEND",))
+    sent = [d.next(_out("", x, False)) for x in ("a", "b\n", "\nE", "N")]
+    assert sent == ["a", "b", "", ""]  # "\n", "\n\nE", "\n\nEN" might begin the stop string
+    assert d.next(_out("ab", "", True, "stop")) == ""  # the engine cut the text at the stop string
+    d = TextDeltas(("\n\nEND",))
+    sent = [d.next(_out("", x, False)) for x in ("a\n", "\nx")]
+    assert sent == ["a", "\n\nx"] and d.next(_out("a\n\nxyz", "yz", True, "length")) == "yz"

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
+from tandem.actors.wire import Rebuilder
 from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
@@ -128,6 +129,10 @@ async def _tandem_errors_async():
         raise _unwrap(e) from None
 
 
+def _keep(out: RequestOutput) -> RequestOutput:
+    return out
+
+
 class _Multiplexer:
     """Many astream()s of one event loop over ONE subscription stream of the actor: one
     Ray item per engine tick instead of one per request (what a busy server wants)."""
@@ -156,18 +161,20 @@ class _Multiplexer:
         for rid, q in list(self.queues.items()):
             q.put_nowait(error_output(rid, why))
 
-    async def stream(self, prompt, params: SamplingParams, rid: str, messages) -> AsyncIterator[RequestOutput]:
+    async def stream(self, prompt, params: SamplingParams, rid: str, messages,
+                     deltas_only: bool) -> AsyncIterator[RequestOutput]:
         self._ensure_pump()
         q: asyncio.Queue = asyncio.Queue()
         self.queues[rid] = q
         finished = False
+        whole = _keep if deltas_only else Rebuilder()
         try:
             async with _tandem_errors_async():
                 await self.actor.submit.remote(prompt, params, rid, messages, self.subscriber)
             while not finished:
                 out = await q.get()
                 finished = out.finished
-                yield out
+                yield whole(out)
         finally:
             self.queues.pop(rid, None)
             if not finished:
@@ -214,21 +221,24 @@ class TandemHandle:
             return ray.get(self.actor.generate.remote(prompt, sp, request_id, messages))
 
     def stream(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
-               request_id: str | None = None, **sampling) -> Iterator[RequestOutput]:
+               request_id: str | None = None, deltas_only: bool = False, **sampling) -> Iterator[RequestOutput]:
         """Outputs as they are produced (each with delta_text / delta_token_ids); the last
-        has finished=True. Leaving the loop early aborts the request."""
+        has finished=True. Leaving the loop early aborts the request. With deltas_only,
+        outputs before the last leave text and token_ids empty (no O(length) copy a token:
+        what a consumer that forwards deltas wants)."""
         import ray
 
         sp = sampling_params(params, **sampling)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
         finished = False
+        whole = _keep if deltas_only else Rebuilder()
         try:
             with _tandem_errors():
                 for ref in gen:
                     out = ray.get(ref)
                     finished = out.finished
-                    yield out
+                    yield whole(out)
         finally:
             if not finished:
                 self.actor.abort.remote(rid)
@@ -251,21 +261,24 @@ class TandemHandle:
             raise
 
     async def astream(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
-                      request_id: str | None = None, **sampling) -> AsyncIterator[RequestOutput]:
+                      request_id: str | None = None, deltas_only: bool = False,
+                      **sampling) -> AsyncIterator[RequestOutput]:
+        """stream() for asyncio."""
         sp = sampling_params(params, **sampling)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         if self._mux is not None:
-            async for out in self._mux.stream(prompt, sp, rid, messages):
+            async for out in self._mux.stream(prompt, sp, rid, messages, deltas_only):
                 yield out
             return
         gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
         finished = False
+        whole = _keep if deltas_only else Rebuilder()
         try:
             async with _tandem_errors_async():
                 async for ref in gen:
                     out = await ref
                     finished = out.finished
-                    yield out
+                    yield whole(out)
         finally:
             if not finished:
                 self.actor.abort.remote(rid)

@@ -21,6 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from tandem.actors.wire import to_wire
 from tandem.config import EngineConfig
 from tandem.errors import EngineUnavailableError, InvalidRequestError
 from tandem.outputs import RequestOutput, Usage
@@ -208,14 +209,16 @@ class SchedulerActor:
     async def stream(self, prompt=None, params: SamplingParams | None = None, request_id: str | None = None,
                      messages: list[dict] | None = None):
         """Yield the request's outputs as they come (call with num_returns="streaming");
-        outputs that piled up since the last yield come merged into one."""
+        outputs that piled up since the last yield come merged into one. Before the last,
+        they carry deltas only (see tandem.actors.wire)."""
         rid, q = await self._add(prompt, params, request_id, messages)
-        finished = False
+        finished, first = False, True
         try:
             while not finished:
                 outs = await _drain(q)
                 finished = outs[-1].finished
-                yield merge_outputs(outs)
+                yield to_wire(merge_outputs(outs), first)
+                first = False
         finally:
             await self._forget(rid, finished)
 
@@ -229,17 +232,26 @@ class SchedulerActor:
     async def subscribe(self, subscriber: str):
         """One stream for all requests submitted under `subscriber` (call with
         num_returns="streaming"): each item is a list of outputs, one per request that
-        made progress, merged, in order. A server with many streams pays one Ray item per
-        tick instead of one per request. Closing it aborts the subscriber's requests."""
+        made progress, merged, in order, as deltas (see tandem.actors.wire). A server with
+        many streams pays one Ray item per tick instead of one per request. Closing it
+        aborts the subscriber's requests."""
         self._ensure_started()
         q = self._subscribers.setdefault(subscriber, asyncio.Queue())
+        started: set[str] = set()  # requests that have had an output on this stream
         try:
             while True:
                 outs = await _drain(q)
                 by_request: dict[str, list[RequestOutput]] = {}
                 for out in outs:
                     by_request.setdefault(out.request_id, []).append(out)
-                yield [merge_outputs(v) for v in by_request.values()]
+                item = []
+                for rid, v in by_request.items():
+                    item.append(to_wire(merge_outputs(v), rid not in started))
+                    if item[-1].finished:
+                        started.discard(rid)
+                    else:
+                        started.add(rid)
+                yield item
         finally:
             self._subscribers.pop(subscriber, None)
             for rid in [r for r, sid in self._routes.items() if sid == subscriber]:

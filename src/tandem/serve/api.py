@@ -35,7 +35,8 @@ class Backend(Protocol):
 
     async def agenerate(self, prompt=None, params=None, *, messages=None, request_id=None) -> RequestOutput: ...
 
-    def astream(self, prompt=None, params=None, *, messages=None, request_id=None) -> AsyncIterator[RequestOutput]: ...
+    def astream(self, prompt=None, params=None, *, messages=None, request_id=None,
+                deltas_only=False) -> AsyncIterator[RequestOutput]: ...
 
     async def ahealth(self) -> dict: ...
 
@@ -109,7 +110,7 @@ def create_app(
                 if out.finish_reason == "error":
                     raise generation_failed(out.error)
                 return JSONResponse(as_json(out))
-            outputs = backend.astream(prompt, params, messages=messages)
+            outputs = backend.astream(prompt, params, messages=messages, deltas_only=True)
             first = await outputs.__anext__()
         except BaseException as e:
             if outputs is not None:
@@ -199,19 +200,22 @@ def create_app(
 class TextDeltas:
     """What to send of each output's text: everything new, except a tail that may still
     turn out to begin a stop string (the final text ends before the stop string, so
-    text sent early could not be taken back)."""
+    text sent early could not be taken back). Outputs before the last are deltas only
+    (the backend streams with deltas_only); the last carries the whole text."""
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops = stops
-        self.sent = ""
+        self.sent = 0  # characters sent so far
+        self.pending = ""  # received, held back
 
     def next(self, out: RequestOutput) -> str:
-        text = out.text
-        if not out.finished:
-            text = text[: len(text) - self._held_back(text)]
-        if len(text) <= len(self.sent) or not text.startswith(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent) :], text
+        if out.finished:
+            delta, self.sent = out.text[self.sent :], max(self.sent, len(out.text))
+            return delta
+        self.pending += out.delta_text
+        cut = len(self.pending) - self._held_back(self.pending)
+        delta, self.pending = self.pending[:cut], self.pending[cut:]
+        self.sent += len(delta)
         return delta
 
     def _held_back(self, text: str) -> int:

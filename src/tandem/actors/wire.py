@@ -1,0 +1,44 @@
+"""Request outputs over Ray as deltas.
+
+An engine output carries the whole text and token ids so far; sent like that on every
+tick, a stream of n tokens moves O(n^2) data through pickling and Ray (64 streams of 2k
+tokens: megabytes a tick). So the scheduler actor sends, before the last output, only
+what is new: `text` and `token_ids` empty, the prompt only in a request's first output.
+The last output goes whole. A consumer that wants whole outputs (the Python handle's
+stream) rebuilds them with Rebuilder; a server that forwards deltas (the HTTP app) takes
+the deltas as they come.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from tandem.outputs import RequestOutput
+
+
+def to_wire(out: RequestOutput, first: bool) -> RequestOutput:
+    """What goes over Ray for `out`; `first`: the request's first output on this stream."""
+    if out.finished:
+        return out
+    if first:
+        return dataclasses.replace(out, text="", token_ids=[])
+    return dataclasses.replace(out, prompt=None, prompt_token_ids=[], text="", token_ids=[])
+
+
+class Rebuilder:
+    """Whole outputs again from one request's wire outputs, in order."""
+
+    def __init__(self):
+        self.prompt: str | None = None
+        self.prompt_token_ids: list[int] = []
+        self.text = ""
+        self.token_ids: list[int] = []
+
+    def __call__(self, out: RequestOutput) -> RequestOutput:
+        if out.finished:
+            return out
+        if out.prompt_token_ids:
+            self.prompt, self.prompt_token_ids = out.prompt, out.prompt_token_ids
+        self.text += out.delta_text
+        self.token_ids += out.delta_token_ids
+        return dataclasses.replace(out, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
+                                   text=self.text, token_ids=list(self.token_ids))

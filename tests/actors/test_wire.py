@@ -1,0 +1,27 @@
+"""Outputs over Ray as deltas: what the handle rebuilds equals what the engine made."""
+from __future__ import annotations
+
+from tandem.actors.wire import Rebuilder, to_wire
+from tandem.outputs import RequestOutput, Usage
+
+
+def _outputs() -> list[RequestOutput]:
+    """An engine's outputs for one request: whole text and ids so far, and the deltas."""
+    pieces = [("Hel", [1, 2]), ("lo", [3]), ("", [4]), (" wo", [5, 6]), ("rld", [7])]
+    outs, text, ids = [], "", []
+    for i, (t, d) in enumerate(pieces):
+        text, ids = text + t, ids + d
+        last = i == len(pieces) - 1
+        outs.append(RequestOutput("r", "Say hi", [9, 8], text, list(ids), t, d, last, "stop" if last else None, None,
+                                  Usage(2, len(ids))))
+    return outs
+
+
+def test_rebuilt_outputs_equal_the_engines():
+    outs = _outputs()
+    wire = [to_wire(o, i == 0) for i, o in enumerate(outs)]
+    assert all(w.text == "" and w.token_ids == [] for w in wire[:-1])  # nothing but deltas before the last
+    assert all(w.prompt_token_ids == [] for w in wire[1:-1]) and wire[0].prompt_token_ids == [9, 8]
+    assert wire[-1] == outs[-1]  # the last goes whole
+    rebuild = Rebuilder()
+    assert [rebuild(w) for w in wire] == outs
