@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
-from tandem.actors.wire import Rebuilder
+from tandem.actors.wire import as_received
 from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
@@ -129,10 +129,6 @@ async def _tandem_errors_async():
         raise _unwrap(e) from None
 
 
-def _keep(out: RequestOutput) -> RequestOutput:
-    return out
-
-
 class _Multiplexer:
     """Many astream()s of one event loop over ONE subscription stream of the actor: one
     Ray item per engine tick instead of one per request (what a busy server wants)."""
@@ -167,7 +163,7 @@ class _Multiplexer:
         q: asyncio.Queue = asyncio.Queue()
         self.queues[rid] = q
         finished = False
-        whole = _keep if deltas_only else Rebuilder()
+        whole = as_received(deltas_only)
         try:
             async with _tandem_errors_async():
                 await self.actor.submit.remote(prompt, params, rid, messages, self.subscriber)
@@ -232,7 +228,7 @@ class TandemHandle:
         rid = request_id or f"req-{uuid.uuid4().hex}"
         gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
         finished = False
-        whole = _keep if deltas_only else Rebuilder()
+        whole = as_received(deltas_only)
         try:
             with _tandem_errors():
                 for ref in gen:
@@ -272,7 +268,7 @@ class TandemHandle:
             return
         gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
         finished = False
-        whole = _keep if deltas_only else Rebuilder()
+        whole = as_received(deltas_only)
         try:
             async with _tandem_errors_async():
                 async for ref in gen:

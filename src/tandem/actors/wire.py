@@ -11,6 +11,7 @@ the deltas as they come.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from tandem.outputs import RequestOutput
 
@@ -42,3 +43,9 @@ class Rebuilder:
         self.token_ids += out.delta_token_ids
         return dataclasses.replace(out, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
                                    text=self.text, token_ids=list(self.token_ids))
+
+
+def as_received(deltas_only: bool) -> Callable[[RequestOutput], RequestOutput]:
+    """What a stream consumer applies to each wire output: nothing when it wants deltas
+    only, else a Rebuilder (one per request)."""
+    return (lambda out: out) if deltas_only else Rebuilder()
