@@ -3,11 +3,14 @@
 No data set can be downloaded here, so the script makes its own:
   1. prompts: chat requests built from templates x subjects (stories, explanations,
      lists, code, arithmetic, ...), optionally with style requests (--modifiers) and
-     user turns the target writes itself (--num-self-prompts, as Magpie does); a set of
-     subjects and code tasks is held out for evaluation only;
+     user turns the target writes itself (--num-self-prompts, as Magpie does), and
+     training-only prompts from more subjects, templates and code tasks (--extra-prompts;
+     the held-out prompts stay those of --num-prompts alone); a set of subjects and code
+     tasks is held out for evaluation only (all of it in scripts/dflash_prompts.py);
   2. data: the target's greedy continuation of every prompt (batched decoding with our
      own forward and KV cache), capturing the drafter's target layers on the way, so
-     the features are what the engine's prefill/verify forwards hand the drafter;
+     the features are what the engine's prefill/verify forwards hand the drafter (for
+     a corpus over one call, --save-tokens / --load-tokens: see the device workflow);
   3. training: random anchors p in each response; the block [token p, mask x (B-1)]
      sees the target features of positions < p and learns the tokens p+1..p+B-1
      (cross-entropy through the target's frozen LM head, weighted exp(-(j-1)/decay)
@@ -22,17 +25,37 @@ No data set can be downloaded here, so the script makes its own:
 Why the engine's acceptance length is below the uniform-anchor one: it is no engine bug.
 Rounds are not uniform anchors: a stretch the drafter gets right is crossed in few rounds,
 one it gets wrong in many, so rounds over-sample the hard positions. Walking the offline
-per-anchor counts as the engine does gives the engine's number (2.611 walked vs 2.615
-in the engine, 3.244 over uniform anchors, for the shipped weights; tests/dflash checks
+per-anchor counts as the engine does gives the engine's number (2.931 walked vs 2.923
+in the engine, 3.638 over uniform anchors, for the shipped weights; tests/dflash checks
 that the walk predicts the engine's rounds exactly on a tiny float32 target).
 
 With --draft-vocab-coverage < 1 (default 0.999) the drafter drafts from the most frequent
 generated tokens only, the head being those rows in training and in the engine (a CPU
-propose then scores ~14k rows instead of 49k).
+propose then scores ~21k rows instead of 49k; ~14k with the narrower 16000-prompt data).
 
 The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weights
 (src/tandem/drafters/dflash/weights/smollm2: 3 layers, intermediate 768, 8.3 M parameters,
-16.7 MB, draft vocabulary 13824) came from one H200 run:
+16.8 MB, draft vocabulary 20736) came from two H200 calls back to back on one machine
+(scripts/dflash_notes.md has the log):
+
+  python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED \
+      --num-prompts 16000 --extra-prompts 42000 --num-self-prompts 4000 --gen-batch 4000 \
+      --save-tokens TOKDIR --gen-seconds 460
+  python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --engine-baseline \
+      --num-prompts 16000 --extra-prompts 42000 --gen-batch 4000 --load-tokens TOKDIR \
+      --max-train-rows 16000000 --train-seconds 100000 --total-seconds 430 --eval-every 2500
+
+  (62000 prompts: the 16000 of the run below, 42000 extra, 4000 self-written -> 12.49M
+  generated tokens in 16 chunks, 373 s, --gen-seconds not reached; then the features of
+  15.09M rows rebuilt in 29 s, 7243 steps of 96 sequences x 32 blocks in 300 s (the
+  step count fitted to --total-seconds: --max-steps 7243 repeats it), 385 s before the
+  engine check; held-out: offline acceptance length 3.638 over uniform anchors, 2.931
+  walked, engine 2.923 with 64/64 outputs equal to no-spec; bench prompts 2.624 walked.
+  While training, held-out offline/walked: 3.206/2.612 at step 2500, 3.592/2.879 at 5000.)
+  Each sequence is seen ~11 times instead of ~40: four times the data per parameter
+  closed much of the generalisation gap that the weights below showed.
+
+  History. The weights before these (draft vocabulary 13824, 16.7 MB) came from one run:
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --engine-baseline \
       --num-prompts 16000 --gen-batch 4000 --max-steps 6800 --train-seconds 100000
@@ -41,10 +64,10 @@ The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weight
   blocks in 274 s, 416 s in all before the engine check; held-out: offline acceptance
   length 3.244 over uniform anchors, 2.611 walked, engine 2.615 with 64/64 outputs equal
   to no-spec). On its training batches the same weights reach 5.1 (uniform anchors), so
-  what limits them is generalisation, not fitting. More varied prompts did not help:
+  what limits them is generalisation, not fitting. More varied prompts alone did not help:
   `--num-prompts 14000 --modifiers --num-self-prompts 5000 --total-seconds 470` (3.43M
   tokens, 6800 steps) gave 3.290 offline, 2.629 walked, engine 2.630. A run of the same data cut to 2662 steps
-  gave engine 2.489; the previous shipped weights (2 layers, intermediate 1024, full
+  gave engine 2.489; the weights before those (2 layers, intermediate 1024, full
   vocabulary, 10000 prompts, 4917 steps of 64 sequences) 2.944 offline / 2.344 engine.
 
 The device workflow: the GGUF (94 MiB) is over one call's 64 MiB carry, so it travels in
@@ -53,6 +76,21 @@ with the second on the next call, back to back while the machine is warm; the gg
 travels with the first half (pip install --target, PYTHONPATH). Point TANDEM_CACHE_DIR
 outside the repository so later calls on the same machine skip the dequantization.
 A checkpoint over 16 MiB comes back split (`split -b 15000000`) and is joined with cat.
+Gzipped (`gzip -1`), each half is ~3.7 MB smaller, which leaves room beside the working
+tree for the wheel as well.
+
+A corpus whose generation and training do not fit one call's 600 s: --save-tokens DIR
+generates the continuations alone (no features: ~43k tokens/s on an H200 at --gen-batch
+4000) in shuffled chunks under DIR (on the device's /tmp, ~60 MB for 12.5M tokens) until
+--gen-seconds; the next call, on the still-warm machine, trains with --load-tokens DIR,
+which rebuilds the features with one causal prefill per whole sequence (the decode's rows
+up to rounding; ~0.5M rows/s) and keeps them packed without padding (5760 bytes a row for
+SmolLM2: 15M rows, 87 GB; --max-train-rows caps it).
+
+Regularisers for the generalisation gap, all off by default and not yet measured:
+--weight-decay (default 0.01), --dropout (residual branches, training only, by forward
+hooks), --feature-noise (Gaussian, times each target layer row's RMS), --label-smoothing.
+--eval-every logs the held-out offline and walked numbers while training.
 
 A small CPU run checks the pipeline:
   python scripts/train_dflash.py --device cpu --num-prompts 24 --num-eval 4 --gen-tokens 24 \
@@ -78,217 +116,28 @@ from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_c
 from tandem.drafters.dflash.model import spread_layer_ids  # noqa: E402
 from tandem.model.loader import load_model  # noqa: E402
 
-# ---- prompts ---------------------------------------------------------------------------
-
-SUBJECTS = """cats|dogs|elephants|dolphins|owls|honey bees|penguins|sharks|horses|butterflies|wolves|octopuses|
-ants|eagles|frogs|whales|tigers|parrots|spiders|camels|the ocean|volcanoes|rainforests|deserts|mountains|rivers|
-the moon|the sun|black holes|the stars|clouds|rain|snow|earthquakes|photosynthesis|climate change|recycling|
-coral reefs|glaciers|thunderstorms|tides|the seasons|wind power|computers|the internet|smartphones|
-artificial intelligence|robots|electric cars|solar panels|batteries|video games|social media|programming|
-databases|encryption|3D printing|cloud computing|email|search engines|open source software|coffee|tea|bread|
-pizza|chocolate|gardening|cooking pasta|running|yoga|sleep|music|painting|reading books|friendship|
-time management|saving money|learning a new language|traveling|camping|birthdays|board games|photography|
-swimming|chess|knitting|baking cookies|public speaking|meditation|gravity|electricity|magnets|atoms|DNA|
-vaccines|the human heart|the brain|bacteria|evolution|dinosaurs|light|sound waves|the periodic table|
-volcanic rocks|the water cycle|the immune system|nutrition|the Roman Empire|ancient Egypt|the pyramids|
-the printing press|the Olympic Games|democracy|libraries|museums|trains|airplanes|bicycles|the telephone|
-the industrial revolution|castles|pirates|the Silk Road|doctors|teachers|firefighters|farmers|pilots|chefs|
-astronauts|scientists|artists|nurses|engineers|librarians|a rainy day|a small village|a lost key|a birthday party|
-a long journey|a haunted house|a secret garden|a talking tree|a brave knight|a curious robot|a friendly dragon|
-a city at night|the first day of school|a snowy morning|a picnic in the park|a trip to the beach|homework|
-exercise|healthy breakfasts|drinking water|kindness|honesty|teamwork|patience|creativity|curiosity|
-remote work|job interviews|writing a resume|starting a small business|online shopping|advertising|
-the stock market|taxes|insurance|renewable energy|nuclear power|oil|plastic pollution|forests|bees and flowers|
-the Amazon river|the Sahara|Antarctica|Mount Everest|the Pacific Ocean|Paris|Tokyo|New York|London|
-mathematics|fractions|prime numbers|geometry|statistics|probability|algebra|the Pythagorean theorem|
-poetry|novels|movies|theater|dance|jazz|the piano|the guitar|comic books|fairy tales|superheroes|
-volunteering|city parks|public transport|bridges|skyscrapers|roads|the post office|hospitals|airports|
-sleep schedules|stress|happiness|habits|goal setting|memory|dreams|emotions|laughter|pets|zoos|aquariums"""
-SUBJECTS = [s.strip() for s in SUBJECTS.replace("\n", "").split("|") if s.strip()]
-
-TEMPLATES = [
-    "Write a short story about {x}.",
-    "Explain {x} to a ten-year-old.",
-    "What is {x}? Answer in a few sentences.",
-    "Give me three interesting facts about {x}.",
-    "Write a poem about {x}.",
-    "List five things people should know about {x}.",
-    "Describe {x} in detail.",
-    "What are the pros and cons of {x}?",
-    "Write the introduction of a blog post about {x}.",
-    "How would you teach someone about {x}?",
-    "Summarize why {x} matters, in one paragraph.",
-    "Write a friendly email to a colleague about {x}.",
-    "What is the history of {x}?",
-    "Why is {x} important?",
-    "Write a haiku about {x}.",
-    "Give me some practical tips about {x}.",
-    "Write a quiz question about {x}, then give the answer.",
-    "Tell me a joke about {x}.",
-    "What are common misconceptions about {x}?",
-    "Write a short dialogue between two friends talking about {x}.",
-    "Explain how {x} works, step by step.",
-    "Write a tweet about {x}.",
-    "What would the world be like without {x}?",
-    "Write a children's song about {x}.",
-    "Give a one-sentence definition of {x}, then an example.",
-    "I am writing a school report on {x}. Can you help me with an outline?",
-    "What questions do people often ask about {x}?",
-    "Write a motivational message inspired by {x}.",
-    "Describe a day in the life of someone who loves {x}.",
-    "Can you give me a simple summary of {x}?",
-]
-PAIR_TEMPLATES = [
-    "Compare {x} and {y}.",
-    "What do {x} and {y} have in common?",
-    "Write a short story that involves {x} and {y}.",
-    "Which is more interesting, {x} or {y}? Explain.",
-]
-CODE_TASKS = [
-    "reverses a string", "checks if a number is prime", "computes the factorial of n", "sorts a list of numbers",
-    "counts the vowels in a string", "finds the largest value in a list", "merges two sorted lists",
-    "returns the first n Fibonacci numbers", "removes duplicates from a list", "checks whether a word is a palindrome",
-    "converts Celsius to Fahrenheit", "counts the lines in a text file", "computes the average of a list",
-    "finds the second smallest number in a list", "capitalizes every word in a sentence", "computes the greatest common divisor of two numbers",
-    "checks whether two strings are anagrams", "flattens a nested list", "counts how often each word appears in a text",
-    "returns the sum of the digits of a number", "converts a number to binary", "validates an email address",
-    "finds the longest word in a sentence", "rotates a list by k positions", "checks if a year is a leap year",
-]
-CODE_TEMPLATES = [
-    "Write a Python function that {t}.",
-    "Write a JavaScript function that {t}.",
-    "How do I write a program that {t}? Show the code.",
-    "Write a C function that {t}.",
-]
-
-
-MODIFIERS = ["", "", "", " Keep it short.", " Use simple words.", " Answer in detail.", " Use a numbered list.",
-             " Write it for a child.", " Make it funny.", " Use a formal tone.", " Answer in two paragraphs.",
-             " Start with a one-line summary.", " Use bullet points.", " Explain it like a teacher would."]
-
-
-def _math_prompt(rng: random.Random) -> str:
-    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 20)
-    return rng.choice([
-        f"What is {a} plus {b}?",
-        f"What is {a} times {c}?",
-        f"If I have {a} apples and give away {min(a, b)}, how many do I have left?",
-        f"Solve for x: {c}x + {a} = {a + c * b}.",
-        f"A train travels {a} kilometers in {c} hours. What is its average speed?",
-        f"What is {a} percent of {b * 10}?",
-        f"Is {a * c + 1} a prime number? Explain.",
-    ])
-
-
-def make_prompts(num_train: int, num_eval: int, seed: int = 0, modifiers: bool = False) -> tuple[list[str], list[str]]:
-    """Chat requests for training, and held-out ones whose subjects, code tasks and numbers
-    never appear in training; with `modifiers`, most training requests end with a style
-    request (held-out ones never do, so acceptance stays comparable between runs)."""
-    rng = random.Random(seed)
-    subjects = SUBJECTS[:]
-    rng.shuffle(subjects)
-    n_held = max(2, len(subjects) // 8)
-    held, train = subjects[:n_held], subjects[n_held:]
-    tasks = CODE_TASKS[:]
-    rng.shuffle(tasks)
-    held_tasks, train_tasks = tasks[:4], tasks[4:]
-
-    def draw(pool, tasks, r, styled):
-        kind = r.random()
-        if kind < 0.62:
-            return r.choice(TEMPLATES).format(x=r.choice(pool)) + (r.choice(MODIFIERS) if styled else "")
-        if kind < 0.77:
-            x, y = r.sample(pool, 2)
-            return r.choice(PAIR_TEMPLATES).format(x=x, y=y) + (r.choice(MODIFIERS) if styled else "")
-        if kind < 0.9:
-            return r.choice(CODE_TEMPLATES).format(t=r.choice(tasks))
-        return _math_prompt(r)
-
-    def unique(n, pool, tasks, r, avoid=frozenset(), styled=False):
-        out, seen = [], set(avoid)
-        for _ in range(n * 50):
-            if len(out) >= n:
-                break
-            p = draw(pool, tasks, r, styled)
-            if p not in seen:
-                seen.add(p)
-                out.append(p)
-        return out
-
-    train_prompts = unique(num_train, train, train_tasks, rng, styled=modifiers)
-    eval_prompts = unique(num_eval, held, held_tasks, random.Random(seed + 1), avoid=frozenset(train_prompts))
-    return train_prompts, eval_prompts
-
-
-@torch.inference_mode()
-def self_sampled_prompts(model, tokenizer, count: int, batch: int, max_len: int = 64, temperature: float = 1.0,
-                         top_k: int = 50, seed: int = 0) -> list[list[int]]:
-    """Chat prompts whose user turn the target writes itself (as Magpie does): the chat
-    template up to the start of a user turn, sampled until the turn ends; duplicates and
-    empty turns are dropped. Returns prompt token ids ending at the assistant's turn."""
-    head = tokenizer.apply_chat_template([{"role": "user", "content": "@@"}], tokenize=False, add_generation_prompt=True)
-    before, after = head.split("@@")
-    prefix, suffix = tokenizer(before).input_ids, tokenizer(after).input_ids
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    dev = model.device
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    seen, out = set(), []
-    while len(out) < count:
-        n = min(batch, 2 * (count - len(out)))
-        cache = model.new_cache(n, len(prefix) + max_len)
-        slots = torch.arange(n, device=dev)
-        logits = torch.empty(n, model.config.vocab_size, device=dev)
-        for s0 in range(0, n, 256):  # the full logits of the prefix rows are [n, len, V]: in parts
-            part = slots[s0 : s0 + 256]
-            logits[s0 : s0 + 256] = model(torch.tensor([prefix], device=dev).expand(len(part), -1), part,
-                                          torch.zeros_like(part), cache).logits[:, -1]
-        turns = torch.zeros(n, max_len, dtype=torch.long, device=dev)
-        for t in range(max_len):
-            top = torch.topk(logits.float() / temperature, top_k, dim=-1)
-            pick = top.indices.gather(1, torch.multinomial(torch.softmax(top.values, -1), 1, generator=gen))[:, 0]
-            turns[:, t] = pick
-            if t + 1 < max_len:
-                logits = model(pick[:, None], slots, torch.full_like(slots, len(prefix) + t), cache,
-                               attn_len=len(prefix) + t + 1).logits[:, 0]
-        for row in turns.tolist():
-            turn = row[: row.index(end)] if end in row else row
-            key = tuple(turn)
-            if len(turn) >= 3 and key not in seen and not set(turn) & {0, 1}:
-                seen.add(key)
-                out.append(prefix + turn + suffix)
-    return out[:count]
-
-
-def bench_prompts() -> list[str]:
-    """The prompts of bench/dflash_speedup.py."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-    from dflash_speedup import PROMPTS
-
-    return list(PROMPTS)
-
-
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    return tokenizer(text).input_ids
-
+from dflash_prompts import bench_prompts, chat_ids, make_extra_prompts, make_prompts, self_sampled_prompts  # noqa: E402
 
 # ---- data: greedy continuations with the captured layers ------------------------------
 
 
 @torch.inference_mode()
 def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...], max_new: int, batch: int,
-                         eos: set[int], prefill_batch: int = 64):
+                         eos: set[int], prefill_batch: int = 64, features: bool = True):
     """Each prompt's greedy continuation (cut after the first stop token) and the captured
     rows of every position: tokens [N, T] (0-padded), feats [N, T, len(layers)*H] (bf16),
     prompt_len [N], seq_len [N]. Rows 0..seq_len-2 hold the features the engine would
-    hand the drafter (the last token's row is never context)."""
+    hand the drafter (the last token's row is never context). With features=False, the
+    tokens alone (feats is None)."""
+    if not features:
+        layers = ()
     dev = model.device
     H = model.config.hidden_size
     t_max = max(len(p) for p in prompts) + max_new
     N = len(prompts)
     all_tokens = torch.zeros(N, t_max, dtype=torch.long, device=dev)
     feat_dtype = torch.bfloat16 if dev.type == "cuda" else model.dtype  # bf16 halves the GPU store
-    all_feats = torch.zeros(N, t_max, len(layers) * H, dtype=feat_dtype, device=dev)
+    all_feats = torch.zeros(N, t_max, len(layers) * H, dtype=feat_dtype, device=dev) if features else None
     prompt_len = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
     seq_len = torch.zeros(N, dtype=torch.long, device=dev)
     eos_t = torch.tensor(sorted(eos), device=dev)
@@ -301,13 +150,14 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
         tokens = torch.zeros(n, t0 + max_new, dtype=torch.long, device=dev)
         for i, p in enumerate(chunk):
             tokens[i, : len(p)] = torch.tensor(p, device=dev)
-        feats = all_feats[b0 : b0 + n]
+        feats = all_feats[b0 : b0 + n] if features else None
         nxt = torch.empty(n, dtype=torch.long, device=dev)
         for s0 in range(0, n, prefill_batch):  # prefill in sub-batches: full logits are [n, t0, V]
             s1 = min(n, s0 + prefill_batch)
             slots = torch.arange(s0, s1, device=dev)
             out = model(tokens[s0:s1, :t0], slots, torch.zeros_like(slots), cache, capture_layers=layers, attn_len=t0)
-            feats[s0:s1, :t0] = torch.cat([out.hidden[i] for i in layers], dim=-1).to(feat_dtype)
+            if features:
+                feats[s0:s1, :t0] = torch.cat([out.hidden[i] for i in layers], dim=-1).to(feat_dtype)
             nxt[s0:s1] = out.logits[torch.arange(s1 - s0, device=dev), lens[s0:s1] - 1].argmax(-1)
         slots = torch.arange(n, device=dev)
         rows = torch.arange(n, device=dev)
@@ -322,12 +172,110 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
             if t + 1 == max_new or bool(done.all()):
                 break
             out = model(nxt[:, None], slots, pos, cache, capture_layers=layers, attn_len=t0 + t + 1)
-            feats[rows, pos] = torch.cat([out.hidden[i][:, 0] for i in layers], dim=-1).to(feat_dtype)
+            if features:
+                feats[rows, pos] = torch.cat([out.hidden[i][:, 0] for i in layers], dim=-1).to(feat_dtype)
             nxt = out.logits[:, 0].argmax(-1)
         all_tokens[b0 : b0 + n, : t0 + max_new] = tokens
         seq_len[b0 : b0 + n] = lens + end
         del cache
     return all_tokens, all_feats, prompt_len, seq_len
+
+
+# ---- data too large for one call: tokens saved in one call, features rebuilt in the next --
+
+
+class Packed:
+    """Sequences stored back to back without padding: tokens [P], feats [P, F] (or None),
+    off [N] (each sequence's first row), prompt_len [N], seq_len [N]. A padded corpus of
+    60k sequences would hold ~300 rows each; packed it holds ~220."""
+
+    def __init__(self, tokens, feats, off, prompt_len, seq_len, self_written=None):
+        self.tokens, self.feats, self.off, self.prompt_len, self.seq_len = tokens, feats, off, prompt_len, seq_len
+        self.self_written = self_written  # [N] bool (self-written prompts) or None: not known
+
+    @property
+    def n(self) -> int:
+        return int(self.off.shape[0])
+
+    def rows(self, idx: torch.Tensor, t_len: int) -> torch.Tensor:
+        """[b, t_len] row indices of sequences idx (past a sequence's end: its last row,
+        which no block reads: anchors end 2 before it, labels past it are invalid)."""
+        pos = torch.arange(t_len, device=idx.device)[None]
+        return self.off[idx][:, None] + torch.minimum(pos, self.seq_len[idx][:, None] - 1)
+
+    def batch(self, idx: torch.Tensor, t_len: int):
+        r = self.rows(idx, t_len)
+        return self.tokens[r], self.feats[r]
+
+
+def pack(tokens, prompt_len, seq_len) -> Packed:
+    """Packs padded tokens [N, T] (features left out)."""
+    keep = torch.arange(tokens.shape[1], device=tokens.device)[None] < seq_len[:, None]
+    off = torch.cumsum(seq_len, 0) - seq_len
+    return Packed(tokens[keep], None, off, prompt_len.clone(), seq_len.clone())
+
+
+def save_token_chunk(path: str, data, self_written: list[bool] | None = None) -> None:
+    tokens, _, prompt_len, seq_len = data
+    p = pack(tokens, prompt_len, seq_len)
+    d = {"tokens": p.tokens.to(torch.int32).cpu(), "prompt_len": prompt_len.cpu(), "seq_len": seq_len.cpu()}
+    if self_written is not None:
+        d["self_written"] = torch.tensor(self_written, dtype=torch.bool)
+    torch.save(d, path)
+
+
+def load_token_chunks(folder: str, device, max_rows: int | None = None) -> Packed:
+    """The chunks save_token_chunk wrote (chunk*.pt, in order), packed; at most max_rows rows."""
+    names = sorted(f for f in os.listdir(folder) if f.startswith("chunk") and f.endswith(".pt"))
+    toks, pls, sls, own = [], [], [], []
+    rows = 0
+    for name in names:
+        d = torch.load(os.path.join(folder, name))
+        pl, sl, tk = d["prompt_len"], d["seq_len"], d["tokens"]
+        sw = d.get("self_written")
+        full = max_rows is not None and rows + int(sl.sum()) > max_rows
+        if full:  # whole sequences only
+            n = int((torch.cumsum(sl, 0) <= max_rows - rows).sum())
+            pl, sl = pl[:n], sl[:n]
+            tk = tk[: int(sl.sum())]
+            sw = None if sw is None else sw[:n]
+        toks.append(tk), pls.append(pl), sls.append(sl), own.append(sw)
+        rows += int(sl.sum())
+        if full:
+            break
+    seq_len = torch.cat(sls).to(device)
+    return Packed(torch.cat(toks).long().to(device), None, torch.cumsum(seq_len, 0) - seq_len,
+                  torch.cat(pls).to(device), seq_len, None if any(o is None for o in own) else torch.cat(own))
+
+
+@torch.inference_mode()
+def prefill_features(model, data: Packed, layers: tuple[int, ...], max_seqs: int = 512, max_tokens: int = 131072) -> None:
+    """Fills data.feats [P, len(layers)*H] (bf16 on a GPU) with the captured rows of one
+    causal forward over each whole sequence (prompt and continuation): the rows the
+    decoding captured, up to rounding (a prefill, not one row at a time)."""
+    dev = model.device
+    H = model.config.hidden_size
+    feat_dtype = torch.bfloat16 if dev.type == "cuda" else model.dtype
+    data.feats = torch.empty(data.tokens.shape[0], len(layers) * H, dtype=feat_dtype, device=dev)
+    lens = data.seq_len.tolist()
+    order = sorted(range(len(lens)), key=lens.__getitem__)
+    t_max = max(lens)
+    cache = model.new_cache(max_seqs, t_max)
+    i = 0
+    while i < len(order):
+        n = 1
+        while i + n < len(order) and n < max_seqs and (n + 1) * lens[order[i + n]] <= max_tokens:
+            n += 1
+        ids = torch.tensor(order[i : i + n], device=dev)
+        t = lens[order[i + n - 1]]
+        rows = data.rows(ids, t)  # [n, t]
+        slots = torch.arange(n, device=dev)
+        out = model(data.tokens[rows], slots, torch.zeros_like(slots), cache, capture_layers=layers, attn_len=t,
+                    logit_rows=torch.zeros(n, 0, dtype=torch.long, device=dev))
+        h = torch.cat([out.hidden[j] for j in layers], dim=-1).to(feat_dtype)  # [n, t, F]
+        valid = torch.arange(t, device=dev)[None] < data.seq_len[ids][:, None]
+        data.feats[rows[valid]] = h[valid]
+        i += n
 
 
 # ---- training ---------------------------------------------------------------------------
@@ -369,7 +317,8 @@ def block_hidden(model: DFlashDraftModel, target, tokens, feats, anchors):
     return hidden.view(b, nb, B, -1)[:, :, 1:]
 
 
-def block_loss(model: DFlashDraftModel, target, tokens, feats, prompt_len, seq_len, anchors, decay: float):
+def block_loss(model: DFlashDraftModel, target, tokens, feats, prompt_len, seq_len, anchors, decay: float,
+               label_smoothing: float = 0.0):
     """Weighted cross-entropy of the drafts of blocks anchored at `anchors` [b, nb], and
     the accepted count of each block (leading drafts equal to the target's tokens) [b, nb].
     With a draft vocabulary the head is its rows only; labels outside it (never draftable)
@@ -391,7 +340,7 @@ def block_loss(model: DFlashDraftModel, target, tokens, feats, prompt_len, seq_l
     hidden = block_hidden(model, target, tokens, feats, anchors)
     sel = (valid & (labels >= 0)).flatten()
     logits = model.logits(hidden.flatten(0, 2)[sel], head)  # [R, V']
-    ce = F.cross_entropy(logits, labels.flatten()[sel], reduction="none")
+    ce = F.cross_entropy(logits, labels.flatten()[sel], reduction="none", label_smoothing=label_smoothing)
     weight = torch.exp(-(offs - 1).float() / decay)[None, None].expand(b, nb, B - 1).flatten()[sel]
     loss = (ce * weight).sum() / weight.sum().clamp_min(1e-6)
     hit = torch.zeros(b * nb * (B - 1), dtype=torch.bool, device=tokens.device)
@@ -400,11 +349,36 @@ def block_loss(model: DFlashDraftModel, target, tokens, feats, prompt_len, seq_l
     return loss, accepted
 
 
-def train(model, target, data, args, log) -> None:
-    tokens, feats, prompt_len, seq_len = data
+def add_dropout(model: DFlashDraftModel, p: float) -> list:
+    """Dropout on every layer's attention and MLP outputs (the residual branches), active
+    in training mode only; forward hooks, so the model and its checkpoint are unchanged.
+    Returns the hook handles (remove() them to take it out)."""
+    def hook(module, inputs, output):
+        return F.dropout(output, p, module.training)
+
+    return [m.register_forward_hook(hook) for layer in model.layers for m in (layer.self_attn, layer.mlp)]
+
+
+def noisy_features(feats: torch.Tensor, num_layers: int, std: float, gen: torch.Generator) -> torch.Tensor:
+    """feats [..., nL*H] plus Gaussian noise of `std` times each layer row's own RMS (the
+    target layers' scales differ widely)."""
+    f = feats.unflatten(-1, (num_layers, -1)).float()
+    rms = f.pow(2).mean(-1, keepdim=True).sqrt()
+    noise = torch.randn(f.shape, device=f.device, generator=gen)
+    return (f + std * rms * noise).flatten(-2).to(feats.dtype)
+
+
+def train(model, target, data, args, log, evaluate=None) -> None:
+    """`data` is a padded (tokens, feats, prompt_len, seq_len) or a Packed; `evaluate`,
+    if given, is called every args.eval_every steps (held-out numbers while training)."""
+    if isinstance(data, Packed):
+        tokens, feats, prompt_len, seq_len = data.tokens, data.feats, data.prompt_len, data.seq_len
+        N = data.n
+    else:
+        tokens, feats, prompt_len, seq_len = data
+        N = tokens.shape[0]
     dev = tokens.device
-    N = tokens.shape[0]
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     steps, step, t_start = args.max_steps, 0, time.time()
@@ -431,9 +405,15 @@ def train(model, target, data, args, log) -> None:
         cos = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, steps))))
         for group in opt.param_groups:
             group["lr"] = args.lr * warm * (0.1 + 0.9 * cos)
+        if isinstance(data, Packed):
+            tok_b, feat_b = data.batch(idx, t_len)
+        else:
+            tok_b, feat_b = tokens[idx, :t_len], feats[idx, :t_len]
+        if args.feature_noise > 0:
+            feat_b = noisy_features(feat_b, len(model.config.target_layer_ids), args.feature_noise, gen)
         with amp:
-            loss, accepted = block_loss(model, target, tokens[idx, :t_len], feats[idx, :t_len], prompt_len[idx],
-                                        seq_len[idx], anchors, args.loss_decay)
+            loss, accepted = block_loss(model, target, tok_b, feat_b, prompt_len[idx], seq_len[idx], anchors,
+                                        args.loss_decay, args.label_smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -442,6 +422,10 @@ def train(model, target, data, args, log) -> None:
             log(f"step {step}/{steps} loss {loss.item():.3f} offline acceptance length {1 + accepted.float().mean().item():.2f} "
                 f"({time.time() - t_start:.0f} s)")
         step += 1
+        if evaluate is not None and args.eval_every and step % args.eval_every == 0 and step < steps:
+            model.eval()
+            log(f"step {step}: {evaluate()}")
+            model.train()
     args.steps_done, args.train_seconds_done = step, time.time() - t_start
 
 
@@ -495,6 +479,10 @@ def walked_acceptance(model, target, data, max_new: int) -> float:
 
 
 def generated(data) -> torch.Tensor:
+    if isinstance(data, Packed):
+        own = torch.repeat_interleave(data.off, data.seq_len)  # each row's sequence start
+        first = own + torch.repeat_interleave(data.prompt_len, data.seq_len)
+        return data.tokens[torch.arange(data.tokens.shape[0], device=data.tokens.device) >= first]
     tokens, _, prompt_len, seq_len = data
     pos = torch.arange(tokens.shape[1], device=tokens.device)[None]
     return tokens[(pos >= prompt_len[:, None]) & (pos < seq_len[:, None])]
@@ -578,6 +566,21 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-engine-eval", action="store_true")
     ap.add_argument("--engine-baseline", action="store_true", help="also run the engine without drafts and compare outputs")
+    ap.add_argument("--extra-prompts", type=int, default=0,
+                    help="also this many training-only prompts from EXTRA_SUBJECTS/EXTRA_TEMPLATES (held-out prompts unchanged)")
+    ap.add_argument("--save-tokens", default=None, metavar="DIR",
+                    help="only generate: the training prompts' greedy continuations (tokens, no features), shuffled, "
+                         "in chunks of --gen-batch saved under DIR until --gen-seconds have passed; then exit")
+    ap.add_argument("--gen-seconds", type=float, default=1e9, help="with --save-tokens: start no chunk after this")
+    ap.add_argument("--load-tokens", default=None, metavar="DIR",
+                    help="train on the continuations --save-tokens wrote (features rebuilt by one prefill a sequence)")
+    ap.add_argument("--max-train-rows", type=int, default=None, help="with --load-tokens: at most this many positions")
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout on the drafter's residual branches (training only)")
+    ap.add_argument("--feature-noise", type=float, default=0.0,
+                    help="Gaussian noise on the target features in training, times each layer row's RMS")
+    ap.add_argument("--label-smoothing", type=float, default=0.0)
+    ap.add_argument("--eval-every", type=int, default=0, help="held-out offline/walked acceptance every this many steps")
     args = ap.parse_args(argv)
 
     t_begin = time.time()
@@ -596,19 +599,55 @@ def main(argv=None) -> int:
     layer_ids = spread_layer_ids(tc.num_layers, args.target_layers)
 
     train_prompts, eval_prompts = make_prompts(args.num_prompts, args.num_eval, args.seed, args.modifiers)
+    if args.extra_prompts:
+        extra = make_extra_prompts(args.extra_prompts, args.seed, avoid=frozenset(train_prompts) | frozenset(eval_prompts))
+        log(f"{len(extra)} extra training prompts, e.g. {extra[:3]}")
+        train_prompts = train_prompts + extra
     log(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held-out; e.g. {train_prompts[:3]} / {eval_prompts[:2]}")
     eos = set(target.eos_token_ids)
-    prompt_ids = [chat_ids(tok, p) for p in train_prompts]
-    if args.num_self_prompts:
-        own = self_sampled_prompts(target.model, tok, args.num_self_prompts, args.gen_batch, seed=args.seed)
-        log(f"{len(own)} self-written prompts, e.g. {[tok.decode(p) for p in own[:3]]}")
-        prompt_ids += own
-    train_data = greedy_with_features(target.model, prompt_ids, layer_ids, args.gen_tokens, args.gen_batch, eos)
+    if args.load_tokens:
+        train_data = load_token_chunks(args.load_tokens, device, args.max_train_rows)
+        n_prompts = train_data.n
+        log(f"loaded {n_prompts} continuations, {train_data.tokens.shape[0]} rows")
+        prefill_features(target.model, train_data, layer_ids)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        gen_tokens = int((train_data.seq_len - train_data.prompt_len).sum())
+        log(f"data: features of {train_data.tokens.shape[0]} rows rebuilt; {gen_tokens} generated tokens "
+            f"({gen_tokens / n_prompts:.0f} per prompt)")
+        n_self = None if train_data.self_written is None else int(train_data.self_written.sum())
+    else:
+        prompt_ids = [chat_ids(tok, p) for p in train_prompts]
+        if args.num_self_prompts:
+            own = self_sampled_prompts(target.model, tok, args.num_self_prompts, args.gen_batch, seed=args.seed)
+            log(f"{len(own)} self-written prompts, e.g. {[tok.decode(p) for p in own[:3]]}")
+            prompt_ids += own
+        n_prompts, n_self = len(prompt_ids), len(prompt_ids) - len(train_prompts)
+        if args.save_tokens:
+            order = list(range(len(prompt_ids)))
+            random.Random(args.seed + 11).shuffle(order)
+            os.makedirs(args.save_tokens, exist_ok=True)
+            done = rows = 0
+            last = 0.0
+            for k, c0 in enumerate(range(0, len(order), args.gen_batch)):
+                if time.time() - t_begin + last > args.gen_seconds:
+                    break
+                t0 = time.time()
+                chunk = [prompt_ids[i] for i in order[c0 : c0 + args.gen_batch]]
+                data = greedy_with_features(target.model, chunk, (), args.gen_tokens, args.gen_batch, eos, features=False)
+                save_token_chunk(os.path.join(args.save_tokens, f"chunk{k:04d}.pt"), data,
+                                 [i >= len(train_prompts) for i in order[c0 : c0 + args.gen_batch]])
+                done, rows = done + len(chunk), rows + int((data[3] - data[2]).sum())
+                last = time.time() - t0
+                log(f"chunk {k}: {len(chunk)} prompts in {last:.1f} s; {done} prompts, {rows} generated tokens so far")
+            print(json.dumps({"saved_prompts": done, "generated_tokens": rows, "self_written_prompts": n_self}), flush=True)
+            return 0
+        train_data = greedy_with_features(target.model, prompt_ids, layer_ids, args.gen_tokens, args.gen_batch, eos)
+        gen_tokens = int((train_data[3] - train_data[2]).sum())
+        log(f"data: {gen_tokens} generated tokens ({gen_tokens / len(prompt_ids):.0f} per prompt); "
+            f"sample: {tok.decode(train_data[0][0, int(train_data[2][0]) : int(train_data[3][0])].tolist())[:200]!r}")
     eval_data = greedy_with_features(target.model, [chat_ids(tok, p) for p in eval_prompts], layer_ids,
                                      args.gen_tokens, args.gen_batch, eos)
-    gen_tokens = int((train_data[3] - train_data[2]).sum())
-    log(f"data: {gen_tokens} generated tokens ({gen_tokens / len(prompt_ids):.0f} per prompt); "
-        f"sample: {tok.decode(train_data[0][0, int(train_data[2][0]) : int(train_data[3][0])].tolist())[:200]!r}")
 
     config = DFlashConfig(
         hidden_size=tc.hidden_size, num_layers=args.layers, num_heads=tc.num_heads, num_kv_heads=tc.num_kv_heads,
@@ -626,9 +665,19 @@ def main(argv=None) -> int:
     with torch.no_grad():  # start from the target's output scale: the head is the target's
         model.norm.weight.copy_(target.model.model.norm.weight.float())
     log(f"drafter: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, layers {layer_ids}, mask {args.mask_token}={mask_id}")
+    if args.dropout > 0:
+        add_dropout(model, args.dropout)
     if args.total_seconds:
         args.train_seconds = max(10.0, min(args.train_seconds, args.total_seconds - (time.time() - t_begin) - 40))
-    train(model, target.model, train_data, args, log)
+
+    def evaluate() -> str:
+        return (f"held-out offline {offline_acceptance(model, target.model, eval_data):.3f}, "
+                f"walked {walked_acceptance(model, target.model, eval_data, args.gen_tokens):.3f}")
+
+    train(model, target.model, train_data, args, log, evaluate)
+    del train_data  # the engine check below needs none of it (a large corpus holds most of the GPU)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     model.eval()
     offline = offline_acceptance(model, target.model, eval_data)
     walked = walked_acceptance(model, target.model, eval_data, args.gen_tokens)
@@ -641,12 +690,15 @@ def main(argv=None) -> int:
     bench_walked = walked_acceptance(model, target.model, bench_data, args.gen_tokens)
     log(f"bench prompts: {bench_walked:.3f} walked")
     info = {"target_model": target.name, "train": {
-        "prompts": len(prompt_ids), "self_written_prompts": len(prompt_ids) - len(train_prompts), "generated_tokens": gen_tokens, "gen_tokens": args.gen_tokens,
+        "prompts": n_prompts, "self_written_prompts": n_self, "generated_tokens": gen_tokens, "gen_tokens": args.gen_tokens,
         "layers": args.layers, "batch": args.batch, "blocks_per_seq": args.blocks_per_seq, "steps": args.steps_done,
         "train_seconds": round(args.train_seconds_done), "seconds": round(time.time() - t_begin),
         "heldout_offline_acceptance_length": round(offline, 3), "heldout_walked_acceptance_length": round(walked, 3),
         "bench_prompts_walked_acceptance_length": round(bench_walked, 3),
         "script": "scripts/train_dflash.py", "seed": args.seed}}
+    for name in ("extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing"):  # non-defaults only
+        if getattr(args, name) != ap.get_default(name):
+            info["train"][name] = getattr(args, name)
     save_dflash_checkpoint(model, args.out, extra_config={"tandem": info})
     log(f"saved {args.out}")
     if not args.skip_engine_eval:
