@@ -120,7 +120,7 @@ def synthetic_shard(drafter: str, slots: int, device: str, dtype, layers: int = 
 class _Ids:
     chat_template = None
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
         return ""
 
 
