@@ -14,6 +14,7 @@ plain decoding n / T(n). The best cap wins, 0 included.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,6 +79,8 @@ class AdaptiveSpec:
 ALPHA_PRIOR = SpecControl.alpha
 PREFILL_ROW_SHARE = 0.8  # a large verify's cost per row as a share of a prefill's, at least
 TURN_ON_MARGIN = 1.10  # how much faster than plain decoding a draft cap must look to be chosen
+PROPOSE_WINDOW = 5  # recent proposes whose cheapest prices the next
+PROPOSE_SAMPLES_TO_PRICE = 3  # proposes timed before their cost counts (see _propose_price)
 
 
 def expected_tokens(alpha: float, g: int) -> float:
@@ -101,7 +104,7 @@ class BatchCostModel:
         self.warmup_samples = warmup_samples
         self._seen: dict[object, int] = {}
         self.forward_ms: dict[int, float] = {}
-        self.propose_ms_per_step: float | None = None
+        self._propose_samples: deque[float] = deque(maxlen=PROPOSE_WINDOW)  # ms per draft step
         self.prefill_ms_per_row: float | None = None  # see record_prefill
 
     @staticmethod
@@ -127,17 +130,31 @@ class BatchCostModel:
         compute-bound, known before any large verify has run. It floors the price of row
         counts above every measured bucket (see estimate), so that a large batch is priced
         before it first speculates: there the optimistic guess (the largest bucket's cost)
-        would try drafts, and a draft model's catch-up, that a compute-bound target cannot use."""
+        would try drafts, and a draft model's catch-up, that a compute-bound target cannot use.
+        The cheapest row seen counts: a floor must not rise with a slow (cold) prefill."""
         if rows > 0 and ms > 0:
             per, old = ms / rows, self.prefill_ms_per_row
-            self.prefill_ms_per_row = per if old is None else (1 - self.ema) * old + self.ema * per
+            self.prefill_ms_per_row = per if old is None else min(old, per)
 
     def record_propose(self, steps: int, ms: float) -> None:
         if steps <= 0 or self._warming_up("propose"):
             return
-        per = ms / steps
-        old = self.propose_ms_per_step
-        self.propose_ms_per_step = per if old is None else (1 - self.ema) * old + self.ema * per
+        self._propose_samples.append(ms / steps)
+
+    @property
+    def propose_ms_per_step(self) -> float | None:
+        """The cheapest of the recent proposes, per draft step (None before any). One-off
+        costs only ever add time (a drafter's CUDA graph capture for a new shape: 12.6 ms
+        against 0.8 on an H200), and a drafter priced out by them would never be timed
+        again; a propose that really got dearer shows once the window has moved on."""
+        return min(self._propose_samples) if self._propose_samples else None
+
+    def _propose_price(self) -> float:
+        # Until a few proposes are timed, drafting is priced as if proposing were free, so
+        # that a first slow sample cannot stop drafting before a fair one comes.
+        if len(self._propose_samples) < PROPOSE_SAMPLES_TO_PRICE:
+            return 0.0
+        return self.propose_ms_per_step
 
     def estimate(self, rows: int) -> float | None:
         if not self.forward_ms:
@@ -156,13 +173,21 @@ class BatchCostModel:
         else:
             nearest = min(k for k in self.forward_ms if k > b)
             t = self.forward_ms[nearest] * b / nearest
-        if not at_or_above and self.prefill_ms_per_row is not None:
+        if not at_or_above and self._prefill_is_compute():
             # rows cost at least what a prefill's did; a little less, as a batch's wider
             # GEMMs run faster per row than one prompt's
             t = max(t, PREFILL_ROW_SHARE * rows * self.prefill_ms_per_row)
         # more rows never cost less: a bucket priced above a larger one (a first forward
         # that paid for allocations, a stall) is held to it, or it would never be tried again
         return min([t, *at_or_above])
+
+    def _prefill_is_compute(self) -> bool:
+        """Whether the prefill's cost per row can be a compute rate: only if no measured
+        forward ran cheaper per row. On a GPU a short prompt's eager prefill is launch-bound
+        (an H200 measured 7-50 ms a row, against 3.5 ms for a whole 1-row verify), and as a
+        floor it priced every draft out, for good: an unused bucket is never measured."""
+        per = self.prefill_ms_per_row
+        return per is not None and all(per <= ms / b for b, ms in self.forward_ms.items())
 
     def best_cap(self, gammas: list[int], alphas: list[float], ladder: tuple[int, ...],
                  plan: Callable[[list[int]], float | None] | None = None) -> int:
@@ -186,7 +211,7 @@ class BatchCostModel:
             t = price(gs)
             if t is None:
                 return max(ladder)
-            t += (self.propose_ms_per_step or 0.0) * max(gs)
+            t += self._propose_price() * max(gs)
             tokens = sum(expected_tokens(a, g) for a, g in zip(alphas, gs))
             rate = tokens / max(t, 1e-6)
             # Speculating at all must pay clearly (the estimates are noisy and a wrong "on"

@@ -122,6 +122,36 @@ def test_a_prefill_floors_the_price_of_rows_above_every_measured_bucket():
     assert cost.best_cap([4], [0.9], (0, 1, 2, 4)) == 4  # batch 1 still speculates
 
 
+def test_a_prefill_slower_per_row_than_a_whole_forward_is_no_floor():
+    # An H200: a graphed 1-row verify 3.5 ms; a short prompt's eager prefill 50 ms a row
+    # (launch-bound, the first one cold). As a floor it priced every draft out for good.
+    cost = BatchCostModel()
+    cost.record_forward(1, 3.5)
+    cost.record_prefill(rows=30, ms=1500.0)
+    cost.record_prefill(rows=30, ms=210.0)  # the cheapest row counts: 7 ms
+    assert cost.prefill_ms_per_row == 7.0
+    assert cost.estimate(8) == 3.5  # optimistic, so the 8-row bucket gets tried and measured
+    assert cost.best_cap([7], [0.7], (0, 1, 2, 3, 4, 6)) == 6
+
+
+def test_one_slow_propose_does_not_price_drafting_out():
+    # An H200 with DFlash: after the warm-up sample, one propose captured a CUDA graph for
+    # a new shape (12.6 ms against 0.8). Priced at once, drafting stopped and, never
+    # proposing again, the drafter was never timed again.
+    cost = BatchCostModel()
+    cost.record_forward(1, 3.5)
+    cost.record_forward(8, 4.1)
+    cost.record_propose(7, 12.6)
+    assert cost.best_cap([7], [0.5], (0, 1, 2, 3, 4, 6)) > 0  # too few proposes timed to count yet
+    cost.record_propose(7, 0.8)
+    cost.record_propose(7, 0.8)
+    assert cost.propose_ms_per_step == 0.8 / 7  # the capture does not count
+    assert cost.best_cap([7], [0.5], (0, 1, 2, 3, 4, 6)) > 0
+    for _ in range(5):  # a drafter that really is slow does get priced out
+        cost.record_propose(7, 30.0)
+    assert cost.best_cap([7], [0.5], (0, 1, 2, 3, 4, 6)) == 0
+
+
 def test_a_buckets_first_forward_and_the_first_propose_are_taken_as_warm_up():
     # On a GPU a bucket's first forward captures a CUDA graph (10-30x a replay): kept, it
     # would price speculation out for good, since an unused cap is never measured again.
