@@ -22,7 +22,8 @@ GAMMA_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def _ladder(max_gamma: int) -> tuple[int, ...]:
-    return tuple(g for g in GAMMA_LADDER if g <= max_gamma) or (0,)
+    """GAMMA_LADDER's rungs up to max_gamma, max_gamma included (a DFlash block of 8: 7)."""
+    return tuple(sorted({g for g in GAMMA_LADDER if g <= max_gamma} | {max(0, max_gamma)}))
 
 
 @dataclass
@@ -36,8 +37,12 @@ class SpecControl:
 
 
 class AdaptiveSpec:
-    def __init__(self, max_gamma: int, *, off_after: int = 3, retry_after: int = 32, ema: float = 0.3, adaptive: bool = True):
+    def __init__(self, max_gamma: int, *, off_after: int = 3, retry_after: int = 32, ema: float = 0.3, adaptive: bool = True,
+                 whole_blocks: bool = False):
         self.max_gamma = max_gamma
+        # whole_blocks (a block drafter: fewer drafts cost as much as all): gamma stays at
+        # its most; only the batch cap and turning speculation off move it
+        self.whole_blocks = whole_blocks
         self.ladder = _ladder(max_gamma)
         self.off_after = off_after
         self.retry_after = retry_after
@@ -55,18 +60,18 @@ class AdaptiveSpec:
             return
         st.alpha = (1 - self.ema) * st.alpha + self.ema * (accepted / drafted)
         i = self.ladder.index(st.gamma) if st.gamma in self.ladder else len(self.ladder) - 1
-        if accepted == drafted:
-            st.misses = 0
-            st.gamma = self.ladder[min(i + 1, len(self.ladder) - 1)]
-        elif accepted == 0:
+        if accepted == 0:
             st.misses += 1
-            st.gamma = self.ladder[max(i - 1, 1)] if len(self.ladder) > 1 else 0
             if st.misses >= self.off_after:
                 st.misses = 0
                 st.off_until = num_output + self.retry_after
                 st.gamma = self.max_gamma  # the retry starts fresh
+            elif not self.whole_blocks:
+                st.gamma = self.ladder[max(i - 1, 1)] if len(self.ladder) > 1 else 0
         else:
             st.misses = 0
+            if accepted == drafted and not self.whole_blocks:
+                st.gamma = self.ladder[min(i + 1, len(self.ladder) - 1)]
 
     def record_plain(self, st: SpecControl, tokens: int) -> None:
         """A round without drafts: alpha drifts back toward the prior (most of the way,
@@ -95,8 +100,9 @@ def expected_tokens(alpha: float, g: int) -> float:
 class BatchCostModel:
     """Measured forward milliseconds by row count (power-of-two buckets, EMA)."""
 
-    def __init__(self, ema: float = 0.3, warmup_samples: int = 0):
+    def __init__(self, ema: float = 0.3, warmup_samples: int = 0, whole_blocks: bool = False):
         self.ema = ema
+        self.whole_blocks = whole_blocks  # a propose costs one step whatever its draft count (DFlash)
         # The first samples of each bucket (and of propose) are dropped: they pay one-off
         # costs (allocations, kernel choice, a CUDA-graph capture: 10-30x a replay) that
         # would otherwise price a cap out for good, as an unused cap is never re-measured.
@@ -139,7 +145,7 @@ class BatchCostModel:
     def record_propose(self, steps: int, ms: float) -> None:
         if steps <= 0 or self._warming_up("propose"):
             return
-        self._propose_samples.append(ms / steps)
+        self._propose_samples.append(ms / (1 if self.whole_blocks else steps))
 
     @property
     def propose_ms_per_step(self) -> float | None:
@@ -211,7 +217,7 @@ class BatchCostModel:
             t = price(gs)
             if t is None:
                 return max(ladder)
-            t += self._propose_price() * max(gs)
+            t += self._propose_price() * (min(1, max(gs)) if self.whole_blocks else max(gs))
             tokens = sum(expected_tokens(a, g) for a, g in zip(alphas, gs))
             rate = tokens / max(t, 1e-6)
             # Speculating at all must pay clearly (the estimates are noisy and a wrong "on"

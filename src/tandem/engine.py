@@ -53,12 +53,13 @@ class Engine:
         self.scheduler = Scheduler(limits.num_slots, limits.row_budget)
         drafter = build_drafter(self.config.drafter, group, ngram_max=self.config.ngram_max, ngram_min=self.config.ngram_min)
         max_gamma = self.config.num_speculative_tokens if drafter is not None else 0
-        self.adaptive = AdaptiveSpec(max_gamma, adaptive=self.config.adaptive)
+        whole_blocks = drafter is not None and drafter.whole_blocks
+        self.adaptive = AdaptiveSpec(max_gamma, adaptive=self.config.adaptive, whole_blocks=whole_blocks)
         self.ctx = StepContext(
             group=group,
             drafter=drafter,
             adaptive=self.adaptive,
-            cost=BatchCostModel(warmup_samples=1),
+            cost=BatchCostModel(warmup_samples=1, whole_blocks=whole_blocks),
             metrics=self.metrics,
             clock=self.clock,
             detok=Detokenizer(tokenizer),

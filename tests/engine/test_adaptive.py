@@ -167,3 +167,25 @@ def test_a_buckets_first_forward_and_the_first_propose_are_taken_as_warm_up():
     assert cost.propose_ms_per_step is None
     cost.record_propose(4, 8.0)
     assert cost.propose_ms_per_step == 2.0
+
+
+def test_a_block_drafter_keeps_its_whole_block_and_pays_one_propose_step():
+    # DFlash drafts 7 tokens in one forward: fewer drafts save nothing, so a rejected
+    # round must not shrink gamma (it did: 1.42x fixed against 0.84x adaptive at batch 8
+    # on an H200), and a propose is priced once, not per draft.
+    a = AdaptiveSpec(7, whole_blocks=True)
+    assert a.ladder == (0, 1, 2, 3, 4, 6, 7)
+    st = a.new_state()
+    a.record_verify(st, drafted=7, accepted=0, num_output=10)
+    a.record_verify(st, drafted=7, accepted=2, num_output=13)
+    assert st.gamma == 7
+    for n in range(3):  # but drafts that keep failing still turn speculation off
+        a.record_verify(st, drafted=7, accepted=0, num_output=20 + n)
+    assert not a.allowed(st, 22)
+    cost = BatchCostModel(whole_blocks=True)
+    for rows, ms in ((1, 3.5), (2, 3.7), (4, 3.8), (8, 3.9)):  # a graphed GPU verify
+        cost.record_forward(rows, ms)
+    for _ in range(3):
+        cost.record_propose(7, 0.8)
+    assert cost.propose_ms_per_step == 0.8  # one step per propose
+    assert cost.best_cap([7], [0.45], a.ladder) >= 3  # ~1.75 tokens for 4.6 ms beats 1 for 3.5

@@ -16,6 +16,9 @@ class Drafter(Protocol):
     name: str
     # Most sequences one batched propose takes (the caller chunks by it).
     propose_batch_max: int
+    # A propose costs the same whatever the draft count (DFlash drafts a whole block in one
+    # forward): each sequence then keeps its full draft count, and a propose is priced as one step.
+    whole_blocks: bool
 
     def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> list[list[int]]:
         """Batched: up to num_drafts[i] drafts for seqs[i]. May raise; the caller then

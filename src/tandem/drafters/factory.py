@@ -60,7 +60,7 @@ def build_drafter(name: str, group, *, ngram_max: int = 4, ngram_min: int = 1):
         raise ValueError(f"drafter {name!r} needs shard ranks built with it; the group has {group.limits.drafter!r}")
     from tandem.drafters.rank_proxy import RankDrafterProxy
 
-    return RankDrafterProxy(group, name)
+    return RankDrafterProxy(group, name, whole_blocks=name == "dflash")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tandem.sequence import Sequence
 class NgramDrafter:
     name = "ngram"
     propose_batch_max = 1 << 30
+    whole_blocks = False
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, window: int = 4096):
         if not 1 <= min_ngram <= max_ngram:

@@ -6,10 +6,11 @@ from tandem.shard.commands import ProposeBatch
 
 
 class RankDrafterProxy:
-    def __init__(self, group, name: str):
+    def __init__(self, group, name: str, whole_blocks: bool = False):
         self.group = group
         self.name = name
         self.propose_batch_max = group.limits.propose_batch_max
+        self.whole_blocks = whole_blocks
 
     def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> list[list[int]]:
         cmd = ProposeBatch(
