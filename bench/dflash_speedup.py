@@ -169,7 +169,7 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
         if resolve_device(device).type == "cuda":
             engine.generate(chosen[:b], params)  # this batch size's CUDA-graph captures, untimed
         m = engine.metrics
-        v0, p0, t0_ticks = _hist(m.verify_ms), _hist(m.propose_ms), None
+        v0, p0 = _hist(m.verify_ms), _hist(m.propose_ms)
         ticks = 0
         outs, t0 = [], time.perf_counter()
         for i in range(0, n, b):

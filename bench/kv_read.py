@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     for c in contexts:
         start = torch.full((args.n,), c)
 
-        def forward(slot_start):
+        def forward(slot_start, start=start, c=c):
             return lambda: model(tokens, slots, start, cache, attn_len=c + 1, slot_start=slot_start)
 
         t = interleaved_min({"in_place": forward(0), "gather": forward(None)}, args.reps)

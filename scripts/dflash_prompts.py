@@ -9,6 +9,11 @@ import sys
 
 import torch
 
+def _split(subjects: str) -> list[str]:
+    """A "|"-separated list written over several lines."""
+    return [x.strip() for x in subjects.replace("\n", "").split("|") if x.strip()]
+
+
 # ---- prompts ---------------------------------------------------------------------------
 
 SUBJECTS = """cats|dogs|elephants|dolphins|owls|honey bees|penguins|sharks|horses|butterflies|wolves|octopuses|
@@ -35,7 +40,7 @@ mathematics|fractions|prime numbers|geometry|statistics|probability|algebra|the 
 poetry|novels|movies|theater|dance|jazz|the piano|the guitar|comic books|fairy tales|superheroes|
 volunteering|city parks|public transport|bridges|skyscrapers|roads|the post office|hospitals|airports|
 sleep schedules|stress|happiness|habits|goal setting|memory|dreams|emotions|laughter|pets|zoos|aquariums"""
-SUBJECTS = [s.strip() for s in SUBJECTS.replace("\n", "").split("|") if s.strip()]
+SUBJECTS = _split(SUBJECTS)
 
 TEMPLATES = [
     "Write a short story about {x}.",
@@ -185,7 +190,7 @@ a lighthouse keeper|a lonely astronaut|a clever fox|a lost puppy|a magic book|a 
 a treasure map|a summer festival|a mountain village|a busy train station|a quiet library|an old bookstore|
 a school science fair|a rainy afternoon|a snowstorm|a camping trip|a new neighbor|a family reunion|
 a stolen painting|a missing cat|a robot chef|a tiny dragon|a talking cat|a wise old owl|an underwater city"""
-EXTRA_SUBJECTS = [s.strip() for s in EXTRA_SUBJECTS.replace("\n", "").split("|") if s.strip()]
+EXTRA_SUBJECTS = _split(EXTRA_SUBJECTS)
 
 EXTRA_TEMPLATES = [
     "Tell me about {x}.",

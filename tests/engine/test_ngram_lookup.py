@@ -32,7 +32,7 @@ def scan(tokens: list[int], num_drafts: int, min_ngram: int, max_ngram: int) -> 
 
 def test_lookup_equals_the_plain_scan_on_random_histories():
     rng = random.Random(0)
-    for trial in range(3000):
+    for _ in range(3000):
         vocab = rng.choice([2, 3, 5, 50])  # small vocabularies: many (and overlapping) matches
         tokens = [rng.randrange(vocab) for _ in range(rng.randint(0, 40))]
         g, lo = rng.randint(0, 6), rng.randint(1, 3)
