@@ -48,9 +48,15 @@ def test_verify_batches_come_in_slot_order():
     assert batch[1] is late
 
 
-def test_malloc_settings_apply_on_glibc():
+def test_malloc_settings_apply_on_glibc(monkeypatch):
     import platform
 
+    import tandem.model.cpu_malloc as cm
+
+    monkeypatch.setattr(cm, "_done", False)
+    monkeypatch.setenv("TANDEM_KEEP_FREED_MEMORY", "0")
+    assert not keep_freed_memory()  # left alone when asked
+    monkeypatch.delenv("TANDEM_KEEP_FREED_MEMORY")
     applied = keep_freed_memory()
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert applied

@@ -6,13 +6,16 @@ of its heap back to the kernel, so every forward pays page faults on first touch
 again. Measured on the 2-core dev machine (SmolLM2-135M, 32 sequences, 600 tokens of
 context, gathered K/V): 350 ms a forward as glibc comes, 120 ms with the settings
 below. The cost: the process keeps its peak heap instead of shrinking after a burst,
-as a serving process sized for its peak should. Elsewhere (macOS, musl) nothing happens.
+as a serving process sized for its peak should. Elsewhere (macOS, musl) nothing happens,
+and TANDEM_KEEP_FREED_MEMORY=0 leaves glibc as it is (a process that embeds tandem and
+must give memory back).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import logging
+import os
 
 log = logging.getLogger("tandem.model")
 
@@ -32,6 +35,8 @@ def keep_freed_memory() -> bool:
     global _done
     if _done:
         return True
+    if os.environ.get("TANDEM_KEEP_FREED_MEMORY", "1") == "0":
+        return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
