@@ -57,8 +57,9 @@ class Sequence:
     first_token_time: float | None = None
     stop_cut: int | None = None  # where a stop string cuts the output text
     _stop_scan: int = 0  # where the next stop-string search starts
-    _text: IncrementalText = field(default_factory=IncrementalText)
-    drafter_state: object = None  # what a scheduler-side drafter keeps for this sequence
+    _text: IncrementalText = field(default_factory=IncrementalText, compare=False, repr=False)
+    # what a scheduler-side drafter keeps for this sequence (the n-gram drafter: a numpy buffer)
+    drafter_state: object = field(default=None, compare=False, repr=False)
 
     # ---- derived ------------------------------------------------------------------------
 
