@@ -32,7 +32,6 @@ class _Pending:
     """A verify forward whose verdict has not arrived yet."""
 
     cmd: VerifyBatch
-    rows: torch.Tensor  # [n, k]
     hidden: dict[int, torch.Tensor]  # layer -> [n, k, H]
 
 
@@ -118,7 +117,7 @@ class ModelShard:
             out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.slots), list(cmd.start_pos), self.capture)
         if out is None:
             out = self._forward(rows, cmd.slots, cmd.start_pos)
-        self.pending = _Pending(cmd=cmd, rows=rows, hidden=out.hidden)
+        self.pending = _Pending(cmd=cmd, hidden=out.hidden)
         if self.rank != 0:
             return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
         q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
@@ -136,10 +135,10 @@ class ModelShard:
         self.pending = None
         if verdict.failed:
             return  # no rank advances: the rows stay past each slot's length, unused
+        k = p.cmd.k
         for i, (slot, start, w) in enumerate(zip(p.cmd.slots, p.cmd.start_pos, verdict.words)):
             self.cache.set_length(slot, start + w)
-            kept = p.rows[i, :w].tolist()
-            self.history[slot].extend(kept)
+            self.history[slot].extend(p.cmd.tokens[i * k : i * k + w])  # host ids: no device read a sequence
             if self.drafter is not None:
                 hidden = {layer: h[i, :w] for layer, h in p.hidden.items()} or None
                 self.drafter.commit(slot, start, w, hidden)
