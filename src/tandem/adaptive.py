@@ -83,6 +83,7 @@ class AdaptiveSpec:
 
 ALPHA_PRIOR = SpecControl.alpha
 PREFILL_ROW_SHARE = 0.8  # a large verify's cost per row as a share of a prefill's, at least
+COMPUTE_BOUND_SHARE = 0.5  # a forward whose rows at the prefill's rate make up this share of it is compute-bound
 TURN_ON_MARGIN = 1.10  # how much faster than plain decoding a draft cap must look to be chosen
 PROPOSE_WINDOW = 5  # recent proposes whose cheapest prices the next
 PROPOSE_SAMPLES_TO_PRICE = 3  # proposes timed before their cost counts (see _propose_price)
@@ -182,7 +183,14 @@ class BatchCostModel:
         if not at_or_above and self._prefill_is_compute():
             # rows cost at least what a prefill's did; a little less, as a batch's wider
             # GEMMs run faster per row than one prompt's
-            t = max(t, PREFILL_ROW_SHARE * rows * self.prefill_ms_per_row)
+            row = PREFILL_ROW_SHARE * self.prefill_ms_per_row
+            t = max(t, row * rows)
+            top = max(below)
+            if top * self.prefill_ms_per_row >= COMPUTE_BOUND_SHARE * self.forward_ms[top]:
+                # the largest measured forward is mostly compute, so each further row adds at
+                # least a compute row: a CPU's 32-row decode (304 ms for Qwen2.5 1.5B) priced
+                # 64 rows at 383 ms by the floor alone, drafted, and paid 600
+                t = max(t, self.forward_ms[top] + row * (rows - top))
         # more rows never cost less: a bucket priced above a larger one (a first forward
         # that paid for allocations, a stall) is held to it, or it would never be tried again
         return min([t, *at_or_above])

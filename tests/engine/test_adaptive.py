@@ -122,6 +122,21 @@ def test_a_prefill_floors_the_price_of_rows_above_every_measured_bucket():
     assert cost.best_cap([4], [0.9], (0, 1, 2, 4)) == 4  # batch 1 still speculates
 
 
+def test_rows_past_a_compute_bound_forward_cost_at_least_a_compute_row_each():
+    # The CPU with Qwen2.5-Coder 1.5B at batch 32 (draft model 0.5B): warm prefill 7.49 ms
+    # a row, the 32-row decode 304 ms. The floor alone priced 64 rows at 383 ms, so one
+    # draft each looked 1.35x better than plain; the ticks that caught the draft model up
+    # then cost 830-860 ms, and a 64-row verify ~600.
+    cost = BatchCostModel()
+    cost.record_forward(1, 95.8)
+    cost.record_prefill(rows=1300, ms=1300 * 7.49)
+    cost.record_forward(32, 304.0)
+    assert cost.estimate(64) >= 304.0 + 0.8 * 7.49 * 32
+    assert cost.best_cap([4] * 32, [0.7] * 32, (0, 1, 2, 3, 4)) == 0
+    # a forward that is mostly weight reads (1 row: 95.8 ms, 7.49 of it compute) adds no such floor
+    assert cost.estimate(2) == 95.8
+
+
 def test_a_prefill_slower_per_row_than_a_whole_forward_is_no_floor():
     # An H200: a graphed 1-row verify 3.5 ms; a short prompt's eager prefill 50 ms a row
     # (launch-bound, the first one cold). As a floor it priced every draft out for good.
