@@ -167,13 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of the embedded engine and of each shard actor (the same on both sides: on a "
                          "shared CPU, 2-thread OpenMP can run many times slower than 1)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where both sides' target runs: auto = a GPU if there is one (the shard actors then take one each)")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per concurrency and side (at least 6 at one client, so its latency has a median): "
                          "latencies pool every run's requests, tokens/s keeps the best run")
     args = ap.parse_args(argv)
     max_seqs = max(args.concurrency)
-    engine_cfg = dict(model=args.model, drafter=args.drafter, max_num_seqs=max_seqs, max_seq_len=512)
+    import torch
+
+    gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = "cuda" if gpu else "cpu"
+    engine_cfg = dict(model=args.model, drafter=args.drafter, max_num_seqs=max_seqs, max_seq_len=512, device=device)
 
     import ray
     from ray import serve
@@ -182,19 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.engine import Engine
     from tandem.serve import build_app
 
-    init_local_ray(log_to_driver=False)
+    init_local_ray(log_to_driver=False, num_gpus=torch.cuda.device_count() if gpu else None)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_app({
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
         "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
-        "engine_actor_name": "tandem-bench",
+        "engine_actor_name": "tandem-bench", "shard_num_gpus": 1.0 if gpu else 0.0, "served_model_name": args.model,
     }), name="tandem", route_prefix="/", blocking=False)
     from tandem.actors import connect
 
     handle = connect("tandem-bench")
     base = f"http://127.0.0.1:{args.port}"
-    import torch
-
     torch.set_num_threads(args.threads)
     engine = Engine.from_config(progress=False, **engine_cfg)
     # All stay up; the runs alternate (embedded, handle, served, embedded, ...) so that a
@@ -209,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         run_embedded(engine, 1, 4)  # warm up
         asyncio.run(run_served_async(base, args.model, 1, 4))
         for c in args.concurrency:
+            if gpu:  # each batch shape's CUDA graphs are captured once, untimed
+                for run in sides.values():
+                    run(c)
             for _ in range(max(args.repeats, 6) if c == 1 else args.repeats):
                 for side, run in sides.items():
                     runs[side][c].append(run(c))
@@ -235,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             "handle": {k: round(v, 2) for k, v in best["handle"][c].items()},
             "embedded": {k: round(v, 2) for k, v in e.items()},
         }
-    print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "concurrency": result}))
+    print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "device": device,
+                      "concurrency": result}))
     return 0
 
 
