@@ -25,6 +25,7 @@ from tandem.shard.commands import (
     VerifyBatch,
     VerifyResult,
 )
+from tandem.shard.prefill_groups import prefill_groups
 
 
 @dataclass
@@ -86,11 +87,18 @@ class ModelShard:
         if len({it.slot for it in items}) != len(items):
             raise ShapeError("slots distinct", "a prefill names a slot twice")
         self.pending = None  # a prefill after a failed verify supersedes it
+        # All given tokens go into the KV; the pick after them is the sequence's next
+        # token, whose KV waits for row 0 of its next verify.
+        forwarded: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor] | None]] = {}
+        for group in prefill_groups([len(it.tokens) for it in items], self.rules.row_budget):
+            if len(group) == 1:
+                it = items[group[0]]
+                forwarded[group[0]] = self._forward_prompt(it.slot, it.tokens)
+            else:
+                forwarded.update(zip(group, self._forward_prompts([items[i] for i in group])))
         logits = []
-        for it in items:
-            # All given tokens go into the KV; the pick after them is the sequence's next
-            # token, whose KV waits for row 0 of its next verify.
-            last, hidden = self._forward_prompt(it.slot, it.tokens)
+        for i, it in enumerate(items):
+            last, hidden = forwarded[i]
             logits.append(last)
             self.cache.set_length(it.slot, len(it.tokens))
             self.history[it.slot] = list(it.tokens)
@@ -200,6 +208,21 @@ class ModelShard:
             logit_rows=logit_rows,
             slot_start=consecutive_start(list(slots)),
         )
+
+    def _forward_prompts(self, items: list[PrefillItem]) -> list[tuple[torch.Tensor, dict[int, torch.Tensor] | None]]:
+        """Several prompts (each within the row budget) in ONE forward, padded at their end
+        to the longest: what _forward_prompt returns, for each. Pad rows write KV past their
+        slot's length, where the next verify writes before it reads (as a verify's do)."""
+        width = max(len(it.tokens) for it in items)
+        rows = torch.zeros(len(items), width, dtype=torch.long)
+        for i, it in enumerate(items):
+            rows[i, : len(it.tokens)] = torch.tensor(it.tokens, dtype=torch.long)
+        last_rows = torch.tensor([[len(it.tokens) - 1] for it in items], dtype=torch.long, device=self.device)
+        out = self._forward(rows.to(self.device), [it.slot for it in items], [0] * len(items), logit_rows=last_rows)
+        return [
+            (out.logits[i, -1], {layer: h[i, : len(it.tokens)] for layer, h in out.hidden.items()} if self.capture else None)
+            for i, it in enumerate(items)
+        ]
 
     def _forward_prompt(self, slot: int, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
         """Write the tokens' KV into the slot in chunks of the row budget; return the logits

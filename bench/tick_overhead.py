@@ -1,0 +1,129 @@
+"""The engine's own work per tick, outside the target's forward: scheduling, verdicts,
+emits, detokenization, outputs, drafting.
+
+    python bench/tick_overhead.py [--batches 1 16 64] [--drafters none ngram]
+
+On a GPU the forward of a small model at batch 32 takes ~4 ms (SmolLM2-135M, H200,
+CUDA graphs), so every millisecond the scheduler spends per tick is a quarter of the
+throughput; on this CPU the forward hides it. To see it here, the target is a tiny
+random model (1 layer, hidden 64) with the default model's tokenizer and vocabulary,
+so the tokens decode like real ones and the forward costs little. Each tick is timed
+whole and inside the target's verify (`group.verify`, the forward and the picks);
+host = tick - verify. Prints a table, then one JSON line:
+{"host_ms_per_tick": {"none_b64": ...}, "host_us_per_seq": {...}, "tick_ms": {...}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+from common import json_line, machine, print_table, setup_torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPTS = ["The history of the printing press begins", "def quicksort(items):",
+           "Here is a recipe for a simple tomato soup:", "Once upon a time, in a small village by the sea,"]
+
+
+def tiny_model_folder(out: str) -> str:
+    """The default model's tokenizer and vocabulary on a 1-layer random Llama."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tandem.model.loader import resolve_model_folder
+
+    _, src = resolve_model_folder(None)
+    for f in os.listdir(src):
+        if f.startswith("tokenizer") or f in ("special_tokens_map.json", "generation_config.json"):
+            shutil.copy(os.path.join(src, f), os.path.join(out, f))
+    with open(os.path.join(src, "config.json")) as fh:
+        base = json.load(fh)
+    cfg = LlamaConfig(vocab_size=base["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      bos_token_id=base.get("bos_token_id"), eos_token_id=base.get("eos_token_id"),
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+class TimedVerify:
+    """Wraps a shard group: the milliseconds spent in verify since the last take()."""
+
+    def __init__(self, group):
+        self.group, self.ms = group, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.group, name)
+
+    def verify(self, cmd):
+        t = time.perf_counter()
+        try:
+            return self.group.verify(cmd)
+        finally:
+            self.ms += (time.perf_counter() - t) * 1000.0
+
+    def take(self) -> float:
+        ms, self.ms = self.ms, 0.0
+        return ms
+
+
+def measure(engine, timed: TimedVerify, n: int, max_tokens: int) -> tuple[float, float]:
+    """Median tick and median host part (tick - verify), ms, over the decode ticks."""
+    from tandem.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i in range(n):
+        engine.add_request(f"{PROMPTS[i % len(PROMPTS)]} ({i})", params)
+    engine.step()  # the prefill tick
+    timed.take()
+    ticks, host = [], []
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        engine.step()
+        ms = (time.perf_counter() - t) * 1000.0
+        ticks.append(ms)
+        host.append(ms - timed.take())
+    return statistics.median(ticks), statistics.median(host)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--drafters", nargs="+", default=["none", "ngram"])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    setup_torch(args.threads)
+
+    from tandem.config import EngineConfig
+    from tandem.engine import Engine
+
+    rows, result = [], {"host_ms_per_tick": {}, "host_us_per_seq": {}, "tick_ms": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_model_folder(folder)
+        for drafter in args.drafters:
+            engine = Engine.from_config(EngineConfig(model=folder, drafter=drafter, max_num_seqs=max(args.batches),
+                                                     max_seq_len=512, device="cpu", dtype="float32"), progress=False)
+            timed = engine.group = engine.ctx.group = TimedVerify(engine.group)
+            for n in args.batches:
+                measure(engine, timed, n, 16)  # warm-up: allocations, weight packs
+                tick, host = measure(engine, timed, n, args.max_tokens)
+                key = f"{drafter}_b{n}"
+                result["tick_ms"][key] = round(tick, 3)
+                result["host_ms_per_tick"][key] = round(host, 3)
+                result["host_us_per_seq"][key] = round(1000.0 * host / n, 1)
+                rows.append([drafter, n, tick, host, 1000.0 * host / n])
+            engine.close()
+    print_table(["drafter", "batch", "tick ms", "host ms", "host us/seq"], rows,
+                title="engine work per tick outside the target's verify (tiny model, CPU)")
+    json_line({**result, "max_tokens": args.max_tokens, "machine": machine()})
+
+
+if __name__ == "__main__":
+    main()
