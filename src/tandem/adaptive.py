@@ -28,12 +28,20 @@ def _ladder(max_gamma: int) -> tuple[int, ...]:
 
 @dataclass
 class SpecControl:
-    """One sequence's speculation state."""
+    """One sequence's speculation state.
+
+    alpha is the chance that a draft passes, given that the ones before it did (what
+    expected_tokens assumes): EMAs of the drafts that passed and of the drafts judged (the
+    passed ones and the first rejected one; the drafts after it were never judged). The
+    plain share accepted / drafted read a block drafter's 1.6 of 7 drafts (acceptance
+    length 2.6) as alpha 0.23, priced its rounds at 1.3 tokens and turned it off."""
 
     gamma: int
-    alpha: float = 0.7  # EMA of the per-draft acceptance rate (ALPHA_PRIOR to start)
+    alpha: float = 0.7  # ALPHA_PRIOR to start
     misses: int = 0  # verify rounds in a row that accepted nothing
     off_until: int = 0  # speculation resumes once this many tokens are out
+    passed: float = 0.7  # EMA of drafts accepted a round (a prior of one judged draft)
+    judged: float = 1.0  # EMA of drafts judged a round
 
 
 class AdaptiveSpec:
@@ -43,7 +51,9 @@ class AdaptiveSpec:
         # whole_blocks (a block drafter: fewer drafts cost as much as all): gamma stays at
         # its most; only the batch cap and turning speculation off move it
         self.whole_blocks = whole_blocks
-        self.ladder = _ladder(max_gamma)
+        # a block drafter's caps are all or nothing: a smaller one saves it nothing, and
+        # each draft count is one more verify shape (on a GPU, one more CUDA graph)
+        self.ladder = (0, max_gamma) if whole_blocks else _ladder(max_gamma)
         self.off_after = off_after
         self.retry_after = retry_after
         self.ema = ema
@@ -58,7 +68,10 @@ class AdaptiveSpec:
     def record_verify(self, st: SpecControl, drafted: int, accepted: int, num_output: int) -> None:
         if drafted == 0 or not self.adaptive:
             return
-        st.alpha = (1 - self.ema) * st.alpha + self.ema * (accepted / drafted)
+        judged = accepted + (1 if accepted < drafted else 0)
+        st.passed = (1 - self.ema) * st.passed + self.ema * accepted
+        st.judged = (1 - self.ema) * st.judged + self.ema * judged
+        st.alpha = st.passed / st.judged
         i = self.ladder.index(st.gamma) if st.gamma in self.ladder else len(self.ladder) - 1
         if accepted == 0:
             st.misses += 1
@@ -78,12 +91,12 @@ class AdaptiveSpec:
         ~63%, after `retry_after` plain tokens). Without this, a sequence whose low alpha
         made the batch cap 0 would never draft again: its alpha changes only when it drafts."""
         if self.adaptive and tokens > 0:
-            st.alpha += (ALPHA_PRIOR - st.alpha) * min(1.0, tokens / self.retry_after)
+            st.passed += (ALPHA_PRIOR * st.judged - st.passed) * min(1.0, tokens / self.retry_after)
+            st.alpha = st.passed / st.judged
 
 
 ALPHA_PRIOR = SpecControl.alpha
 PREFILL_ROW_SHARE = 0.8  # a large verify's cost per row as a share of a prefill's, at least
-COMPUTE_BOUND_SHARE = 0.5  # a forward whose rows at the prefill's rate make up this share of it is compute-bound
 TURN_ON_MARGIN = 1.10  # how much faster than plain decoding a draft cap must look to be chosen
 PROPOSE_WINDOW = 5  # recent proposes whose cheapest prices the next
 PROPOSE_SAMPLES_TO_PRICE = 3  # proposes timed before their cost counts (see _propose_price)
@@ -181,16 +194,12 @@ class BatchCostModel:
             nearest = min(k for k in self.forward_ms if k > b)
             t = self.forward_ms[nearest] * b / nearest
         if not at_or_above and self._prefill_is_compute():
-            # rows cost at least what a prefill's did; a little less, as a batch's wider
-            # GEMMs run faster per row than one prompt's
-            row = PREFILL_ROW_SHARE * self.prefill_ms_per_row
-            t = max(t, row * rows)
+            # each row past the largest measured forward adds at least a compute row (what a
+            # prefill's cost, a little less: a batch's wider GEMMs run faster per row than one
+            # prompt's). Priced by the measured cost alone, a CPU's 32-row decode of Qwen2.5
+            # 1.5B (304 ms) put 64 rows at 304 ms, drafted, and paid 600 a tick.
             top = max(below)
-            if top * self.prefill_ms_per_row >= COMPUTE_BOUND_SHARE * self.forward_ms[top]:
-                # the largest measured forward is mostly compute, so each further row adds at
-                # least a compute row: a CPU's 32-row decode (304 ms for Qwen2.5 1.5B) priced
-                # 64 rows at 383 ms by the floor alone, drafted, and paid 600
-                t = max(t, self.forward_ms[top] + row * (rows - top))
+            t = max(t, self.forward_ms[top] + PREFILL_ROW_SHARE * self.prefill_ms_per_row * (rows - top))
         # more rows never cost less: a bucket priced above a larger one (a first forward
         # that paid for allocations, a stall) is held to it, or it would never be tried again
         return min([t, *at_or_above])
