@@ -7,11 +7,30 @@ _PARTIAL = "\ufffd"  # what a UTF-8 character cut between tokens decodes as unti
 class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._backend = _backend_decode(tokenizer)
 
     def text(self, token_ids: list[int]) -> str:
         # No clean-up of spaces: it rewrites text across token boundaries (" ." -> "."),
         # and then text decoded a window at a time would not join into the whole.
+        if self._backend is not None:
+            return self._backend(token_ids, skip_special_tokens=True)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def _backend_decode(tokenizer):
+    """The tokenizers library's decode, where the tokenizer's own decode only wraps it (and,
+    with no clean-up, adds nothing): two calls a sequence a tick, the wrapper's argument
+    conversions cost more than the decode."""
+    try:
+        from tokenizers import Tokenizer
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(tokenizer, TokenizersBackend) and type(tokenizer)._decode is TokenizersBackend._decode \
+            and isinstance(backend, Tokenizer):
+        return backend.decode
+    return None
 
 
 class IncrementalText:

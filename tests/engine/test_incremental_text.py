@@ -60,3 +60,16 @@ def test_stable_text_holds_back_a_cut_character_until_it_is_whole(detok, default
     assert inc.stable(detok, tokens[: cuts[0]]) == detok.text(tokens[: cuts[0]]).rstrip("\ufffd")
     assert inc.whole(detok, tokens[: cuts[0]]).endswith("\ufffd")
     assert inc.stable(detok, tokens) == "ok 🦩"
+
+
+def test_the_backend_decode_is_the_tokenizers_own_without_clean_up(detok, default_model):
+    """The default model's tokenizer is decoded through the tokenizers library directly
+    (skipping transformers' wrapper): same text as the wrapper's, specials dropped."""
+    tok = default_model.tokenizer
+    assert detok._backend is not None
+    rng = random.Random(2)
+    specials = list(tok.all_special_ids)
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(0, 40))] + rng.sample(specials, min(2, len(specials)))
+        rng.shuffle(ids)
+        assert detok.text(ids) == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
