@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from dflash_tiny import SLOTS, VOCAB, random_dflash, tiny_shard, tiny_target
@@ -27,20 +28,27 @@ def test_groups_cover_every_prompt_once_within_the_budget_and_half_the_width():
     assert prefill_groups([10] * 8, 40) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # shared forwards do happen
 
 
-def test_a_batched_prefill_leaves_the_same_state_as_one_prompt_at_a_time():
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "verify-graphs"])
+def test_a_batched_prefill_leaves_the_same_state_as_one_prompt_at_a_time(graphed):
+    """graphed: the prefill goes through the verify forward's graphs (padded to a power of
+    two; on the CPU the padded body runs without capture)."""
     target = tiny_target()
     draft = random_dflash(block_size=6)
-    batched, single = tiny_shard(target, draft), tiny_shard(target, draft)
+    batched, single = tiny_shard(target, draft, target_graphs=graphed), tiny_shard(target, draft)
     rng = random.Random(1)
     lengths = [5, 17, 9, 30, 3, 16, 12, 11]
     items = [PrefillItem(slot=s, tokens=[rng.randrange(VOCAB - 1) for _ in range(n)]) for s, n in enumerate(lengths)]
     assert len(items) <= SLOTS
 
     forwards = []
-    real_forward = batched._forward
-    batched._forward = lambda rows, *a, **kw: forwards.append(rows.shape) or real_forward(rows, *a, **kw)
+    if graphed:
+        real = batched.graphs.forward
+        batched.graphs.forward = lambda tokens, n, k, *a: forwards.append((n, k)) or real(tokens, n, k, *a)
+    else:
+        real = batched._forward
+        batched._forward = lambda rows, *a, **kw: forwards.append(rows.shape) or real(rows, *a, **kw)
     picks = batched.prefill(items).next_tokens
-    assert len(forwards) < len(items)  # prompts shared forwards
+    assert 0 < len(forwards) < len(items)  # prompts shared forwards
 
     assert picks == [single.prefill([it]).next_tokens[0] for it in items]
     for it in items:

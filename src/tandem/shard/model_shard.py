@@ -11,6 +11,7 @@ import torch
 
 from tandem.drafters.rank_drafter import RankDrafter
 from tandem.errors import ShapeError
+from tandem.model.cuda_graph import next_pow2
 from tandem.model.kv_cache import KVCache, consecutive_start
 from tandem.model.verify_graphs import VerifyGraphs
 from tandem.sampling.rank_rule import pick_last, pick_rows
@@ -91,7 +92,7 @@ class ModelShard:
         # token, whose KV waits for row 0 of its next verify.
         forwarded: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor] | None]] = {}
         for group in prefill_groups([len(it.tokens) for it in items], self.rules.row_budget):
-            if len(group) == 1:
+            if len(items[group[0]].tokens) > self.rules.row_budget:  # a long prompt goes alone, in chunks
                 it = items[group[0]]
                 forwarded[group[0]] = self._forward_prompt(it.slot, it.tokens)
             else:
@@ -210,10 +211,13 @@ class ModelShard:
         )
 
     def _forward_prompts(self, items: list[PrefillItem]) -> list[tuple[torch.Tensor, dict[int, torch.Tensor] | None]]:
-        """Several prompts (each within the row budget) in ONE forward, padded at their end
-        to the longest: what _forward_prompt returns, for each. Pad rows write KV past their
+        """Prompts (each within the row budget) in ONE forward, padded at their end to the
+        longest: what _forward_prompt returns, for each. Pad rows write KV past their
         slot's length, where the next verify writes before it reads (as a verify's do)."""
         width = max(len(it.tokens) for it in items)
+        graphed = self._graphed_prompts(items, width) if self.graphs is not None else None
+        if graphed is not None:
+            return graphed
         rows = torch.zeros(len(items), width, dtype=torch.long)
         for i, it in enumerate(items):
             rows[i, : len(it.tokens)] = torch.tensor(it.tokens, dtype=torch.long)
@@ -221,6 +225,24 @@ class ModelShard:
         out = self._forward(rows.to(self.device), [it.slot for it in items], [0] * len(items), logit_rows=last_rows)
         return [
             (out.logits[i, -1], {layer: h[i, : len(it.tokens)] for layer, h in out.hidden.items()} if self.capture else None)
+            for i, it in enumerate(items)
+        ]
+
+    def _graphed_prompts(self, items: list[PrefillItem], width: int):
+        """The same through the verify forward's CUDA graphs, the width padded to a power of
+        two (an eager prefill of a short prompt is launch-bound on a GPU: ~20 ms for SmolLM2
+        on an H200, a replay well under 5); None where that shape is not graphed. The
+        outputs are copied out of the graph's buffers: the next group may replay it."""
+        k = next_pow2(width)
+        if k > self.cache.max_seq_len:
+            return None
+        tokens = [t for it in items for t in list(it.tokens) + [0] * (k - len(it.tokens))]
+        out = self.graphs.forward(tokens, len(items), k, [it.slot for it in items], [0] * len(items), self.capture)
+        if out is None:
+            return None
+        return [
+            (out.logits[i, len(it.tokens) - 1].clone(),
+             {layer: h[i, : len(it.tokens)].clone() for layer, h in out.hidden.items()} if self.capture else None)
             for i, it in enumerate(items)
         ]
 
