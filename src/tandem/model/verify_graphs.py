@@ -5,7 +5,9 @@ power of two of at least MIN_CTX positions, captured layers), captured the first
 verify of that bucket runs and replayed after. Few context buckets keep captures rare: a
 capture costs about as much as a few dozen replays. Padding rows write only the cache's
 scratch slot, and their outputs are dropped; the context padding lies past every row's
-causal mask. Prefill chunks and batches over `max_rows` rows run eagerly.
+causal mask. Prefills of prompts within the row budget replay these graphs too, padded
+to a power of two (ModelShard._graphed_prompts); a long prompt's chunks and batches
+over `max_rows` rows run eagerly.
 The outputs live in the graph's static buffers until its next replay: the shard reads
 them (picks, and the captured rows at commit) before its next verify.
 """
