@@ -230,9 +230,10 @@ class ModelShard:
 
     def _graphed_prompts(self, items: list[PrefillItem], width: int):
         """The same through the verify forward's CUDA graphs, the width padded to a power of
-        two (an eager prefill of a short prompt is launch-bound on a GPU: ~20 ms for SmolLM2
-        on an H200, a replay well under 5); None where that shape is not graphed. The
-        outputs are copied out of the graph's buffers: the next group may replay it."""
+        two (an eager prefill of a short prompt is launch-bound on a GPU: a one-token request
+        to SmolLM2 on an H200 took 52.7 ms eager, 4.4 graphed); None where that shape is not
+        graphed. The outputs are copied out of the graph's buffers: the next group may
+        replay the same graph."""
         k = next_pow2(width)
         if k > self.cache.max_seq_len:
             return None
