@@ -3,7 +3,8 @@
 For every drafter of DRAFTERS (its target model, the engine settings that select it, its
 workload) and every batch size: the same greedy requests run once with no drafter and
 once with the drafter, on two engines that share one loaded target. Batch b means b
-requests in flight at once; batch 1 runs the workload's prompts one after another.
+requests in flight at once (3b requests, a new one joining as one finishes); batch 1 runs
+the workload's prompts one after another.
 Greedy speculation is lossless, so both runs emit the same tokens (checked).
 
 At batch 1 it also runs Hugging Face transformers on the same model and prompts: plain
@@ -117,6 +118,10 @@ DRAFTERS = [
 
 TARGETS = {"ngram_b1": 2.5, "b32": 1.0, "vs_hf_greedy_b1": 3.0, "leviathan_fraction": 0.9}
 QUICK = {"batches": (1, 8), "max_tokens": 64, "b1_prompts": 4}
+# batch b > 1 runs WAVES * b requests with b in flight: the batch stays full until the last
+# wave drains. A closed batch of b drains to one sequence, and then its slowest sequence
+# sets the wall time: drafting that finishes the others sooner only thins the later ticks.
+WAVES = 3
 
 
 # ---- running ----------------------------------------------------------------------------
@@ -149,25 +154,37 @@ class Run:
 
 
 def run_engines(engines: dict, prompts: list[tuple[str, str]], params, batch: int) -> dict[str, Run]:
-    """All prompts through every engine, `batch` requests at a time (batch 1: one after
-    another). The engines take turns chunk by chunk, so a noisy stretch of a shared
-    machine hits them alike."""
+    """All prompts through every engine. Batch 1: one after another, the engines taking
+    turns prompt by prompt, so a noisy stretch of a shared machine hits them alike. Batch
+    b > 1: b requests in flight, a new one joining as one finishes (continuous batching),
+    each engine in turn over the whole list."""
     runs = {name: Run() for name in engines}
+    if batch > 1:
+        for name, engine in engines.items():
+            _run_chunk(engine, prompts, params, runs[name], by_kind=False, in_flight=batch)
+        return runs
     for i in range(0, len(prompts), batch):
         for name, engine in engines.items():
             _run_chunk(engine, prompts[i : i + batch], params, runs[name], by_kind=batch == 1)
     return runs
 
 
-def _run_chunk(engine, chunk: list[tuple[str, str]], params, run: Run, by_kind: bool) -> None:
+def _run_chunk(engine, chunk: list[tuple[str, str]], params, run: Run, by_kind: bool, in_flight: int | None = None) -> None:
+    """The chunk's requests to completion: all at once, or `in_flight` at a time."""
     t0 = now()
-    ids = [engine.add_request(text, params) for _, text in chunk]
+    waiting = [text for _, text in chunk]
+    ids = [engine.add_request(text, params) for text in waiting[: in_flight or len(waiting)]]
+    waiting = waiting[len(ids) :]
     final, first_tick = {}, None
-    while len(final) < len(ids):
+    while len(final) < len(chunk):
         outs = engine.step()
         if first_tick is None:  # prefill (and the first verify): left out of the decode rate
             first_tick = (now(), sum(len(o.token_ids) for o in outs))
-        final.update((o.request_id, o) for o in outs if o.finished)
+        for o in outs:
+            if o.finished:
+                final[o.request_id] = o
+                if waiting:  # its slot goes to the next request
+                    ids.append(engine.add_request(waiting.pop(0), params))
     t1 = now()
     outs = [final[r] for r in ids]
     tokens = sum(len(o.token_ids) for o in outs)
@@ -318,7 +335,7 @@ def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, re
     make = WORKLOADS[d.workload]
     rows, b1 = [], None
     for b in batches:
-        prompts = target.render(make(b1_prompts if b == 1 else b))
+        prompts = target.render(make(b1_prompts if b == 1 else WAVES * b))
         params = SamplingParams(max_tokens=max_tokens_for(b), temperature=0.0)
         engines = {"none": target.engine(drafter="none"), "spec": target.engine(**d.engine)}
         if d.leviathan and b == 1:  # Leviathan's formula is for a fixed draft count: adaptation off
