@@ -98,3 +98,28 @@ def test_multiplexed_streams_share_one_subscription_and_keep_their_text(tp2):
         return texts
 
     assert asyncio.run(run()) == expected
+
+
+def test_a_multiplexed_handle_serves_two_event_loops_at_once(tp2):
+    """Each loop gets its own subscription: a pump of one loop must not feed the queues of
+    another (asyncio queues belong to their loop)."""
+    import threading
+
+    prompts = ["The capital of France is", "Once upon a time"]
+    expected = [tp2.generate(p, max_tokens=8, temperature=0.0).text for p in prompts]
+    mux = tp2.multiplexed()
+    texts: dict[int, str] = {}
+
+    async def one(prompt):
+        return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=8, temperature=0.0)])
+
+    def in_own_loop(i):
+        texts[i] = asyncio.run(one(prompts[i]))
+
+    threads = [threading.Thread(target=in_own_loop, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [texts.get(i) for i in range(2)] == expected
+    assert asyncio.run(one(prompts[0])) == expected[0]  # and a later loop gets a fresh one

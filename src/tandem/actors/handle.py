@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
@@ -191,13 +192,23 @@ class TandemHandle:
     def __init__(self, actor, info: dict, multiplex: bool = False):
         self.actor = actor
         self.info = info
-        self._mux: _Multiplexer | None = _Multiplexer(actor) if multiplex else None
+        self.multiplex = multiplex
+        # one subscription per event loop: its pump task and request queues belong to that
+        # loop (a second loop, in another thread, must not share them)
+        self._muxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _mux(self) -> _Multiplexer:
+        loop = asyncio.get_running_loop()
+        mux = self._muxes.get(loop)
+        if mux is None:
+            mux = self._muxes[loop] = _Multiplexer(self.actor)
+        return mux
 
     def multiplexed(self) -> "TandemHandle":
         return TandemHandle(self.actor, self.info, multiplex=True)
 
     def __getstate__(self):
-        return {"actor": self.actor, "info": self.info, "multiplex": self._mux is not None}
+        return {"actor": self.actor, "info": self.info, "multiplex": self.multiplex}
 
     def __setstate__(self, state):
         self.__init__(state["actor"], state["info"], state["multiplex"])
@@ -262,8 +273,8 @@ class TandemHandle:
         """stream() for asyncio."""
         sp = sampling_params(params, **sampling)
         rid = request_id or f"req-{uuid.uuid4().hex}"
-        if self._mux is not None:
-            async for out in self._mux.stream(prompt, sp, rid, messages, deltas_only):
+        if self.multiplex:
+            async for out in self._mux().stream(prompt, sp, rid, messages, deltas_only):
                 yield out
             return
         gen = self.actor.stream.options(num_returns="streaming").remote(prompt, sp, rid, messages)
