@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 GAMMA_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+ALPHA_PRIOR = 0.7  # a sequence's alpha before any of its drafts were judged
 
 
 def _ladder(max_gamma: int) -> tuple[int, ...]:
@@ -37,11 +38,14 @@ class SpecControl:
     length 2.6) as alpha 0.23, priced its rounds at 1.3 tokens and turned it off."""
 
     gamma: int
-    alpha: float = 0.7  # ALPHA_PRIOR to start
     misses: int = 0  # verify rounds in a row that accepted nothing
     off_until: int = 0  # speculation resumes once this many tokens are out
-    passed: float = 0.7  # EMA of drafts accepted a round (a prior of one judged draft)
+    passed: float = ALPHA_PRIOR  # EMA of drafts accepted a round (a prior of one judged draft)
     judged: float = 1.0  # EMA of drafts judged a round
+
+    @property
+    def alpha(self) -> float:
+        return self.passed / self.judged
 
 
 class AdaptiveSpec:
@@ -71,7 +75,6 @@ class AdaptiveSpec:
         judged = accepted + (1 if accepted < drafted else 0)
         st.passed = (1 - self.ema) * st.passed + self.ema * accepted
         st.judged = (1 - self.ema) * st.judged + self.ema * judged
-        st.alpha = st.passed / st.judged
         i = self.ladder.index(st.gamma) if st.gamma in self.ladder else len(self.ladder) - 1
         if accepted == 0:
             st.misses += 1
@@ -92,10 +95,8 @@ class AdaptiveSpec:
         made the batch cap 0 would never draft again: its alpha changes only when it drafts."""
         if self.adaptive and tokens > 0:
             st.passed += (ALPHA_PRIOR * st.judged - st.passed) * min(1.0, tokens / self.retry_after)
-            st.alpha = st.passed / st.judged
 
 
-ALPHA_PRIOR = SpecControl.alpha
 PREFILL_ROW_SHARE = 0.8  # a large verify's cost per row as a share of a prefill's, at least
 TURN_ON_MARGIN = 1.10  # how much faster than plain decoding a draft cap must look to be chosen
 PROPOSE_WINDOW = 5  # recent proposes whose cheapest prices the next

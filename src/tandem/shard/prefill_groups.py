@@ -17,7 +17,7 @@ def prefill_groups(lengths: list[int], row_budget: int) -> list[list[int]]:
     for i in order:
         g = groups[-1] if groups else None
         width = lengths[g[0]] if g else 0  # the group's first prompt is its longest
-        if g and width <= row_budget and 2 * lengths[i] >= width and (len(g) + 1) * width <= row_budget:
+        if g and 2 * lengths[i] >= width and (len(g) + 1) * width <= row_budget:
             g.append(i)
         else:
             groups.append([i])
