@@ -12,6 +12,12 @@ script's templates, so they are held out from the drafter's training data.
   python bench/dflash_speedup.py --drafters none,dflash,dflash-eager --batches 1 --no-adaptive
   python bench/dflash_speedup.py --synthetic --batches 1,8        # random weights of the default
                                                                   # model's shape: timing only
+  python bench/dflash_speedup.py --prompts heldout                # the training script's held-out prompts
+
+--prompts: "bench" (default) are the chat questions below, of no family the drafter was
+trained on; "heldout" are the 64 held-out prompts of scripts/train_dflash.py (template
+families it trained on, with subjects and code tasks it never saw), on which the issue
+states its acceptance target.
 
 Drafter "dflash-eager" is dflash with its CUDA graphs off (TANDEM_DFLASH_CUDA_GRAPHS=0).
 Besides tokens/s each row reports the mean milliseconds of an engine tick (a verify
@@ -74,6 +80,16 @@ PROMPTS = [
     "How do I make a cup of tea?",
 ]
 
+
+
+def heldout_prompts() -> list[str]:
+    """The held-out prompts of scripts/train_dflash.py (its defaults: seed 0, 64 of them)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+    from dflash_prompts import make_prompts
+
+    return make_prompts(16000, 64, 0)[1]
+
+
 DEFAULT_GAMMA = {"dflash": 7, "dflash-eager": 7, "ngram": 4, "none": 0}
 
 
@@ -126,7 +142,8 @@ class _Ids:
 
 def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, device: str, dtype: str,
         gamma: int | None = None, adaptive: bool = True, dflash_checkpoint: str | None = None,
-        loaded=None, model: str | None = None, synthetic: bool = False) -> tuple[list[dict], object]:
+        loaded=None, model: str | None = None, synthetic: bool = False,
+        prompts: list[str] | None = None) -> tuple[list[dict], object]:
     """Rows {drafter, batch, tokens, seconds, tokens_per_s, acceptance_length, ms per tick /
     verify / propose} for each batch size, and the loaded target (pass it back as `loaded`
     to share the weights)."""
@@ -138,6 +155,7 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     from tandem.shard.factory import build_model_shard, resolve_device
     from tandem.shard.local_group import LocalShardGroup
 
+    prompts = PROMPTS if prompts is None else prompts
     slots = max(batches)
     engine_drafter = "dflash" if drafter.startswith("dflash") else drafter
     os.environ["TANDEM_DFLASH_CUDA_GRAPHS"] = "0" if drafter == "dflash-eager" else "1"
@@ -152,11 +170,11 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
         shard = synthetic_shard(drafter, slots, dev, dt)
         engine = Engine(LocalShardGroup(shard), _Ids(), (), config)
         g = torch.Generator().manual_seed(1)
-        texts = [torch.randint(100, 40000, (40,), generator=g).tolist() for _ in PROMPTS]
+        texts = [torch.randint(100, 40000, (40,), generator=g).tolist() for _ in prompts]
     else:
         shard, loaded = build_model_shard(config.shard_spec(), loaded=loaded, progress=False)
         engine = Engine(LocalShardGroup(shard), loaded.tokenizer, loaded.eos_token_ids, config, model_name=loaded.name)
-        texts = [engine.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
+        texts = [engine.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(max_tokens=max_tokens)
     # Warm-up on the largest batch for the whole length: the allocator's blocks, the
     # kernels' first calls and graph captures, which would otherwise land on whichever run
@@ -215,7 +233,10 @@ def main(argv=None) -> int:
     ap.add_argument("--synthetic", action="store_true", help="random weights of the default model's shape (timing only)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--prompts", choices=("bench", "heldout"), default="bench",
+                    help="bench: this file's prompts; heldout: the training script's held-out prompts")
     args = ap.parse_args(argv)
+    prompts = PROMPTS if args.prompts == "bench" else heldout_prompts()
     setup_torch(args.threads)
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -223,7 +244,7 @@ def main(argv=None) -> int:
     for drafter in args.drafters.split(","):
         rows, loaded = run(drafter, batches, requests=args.requests, max_tokens=args.max_tokens, device=args.device,
                            dtype=args.dtype, adaptive=not args.no_adaptive, dflash_checkpoint=args.dflash_checkpoint,
-                           loaded=loaded, model=args.model, synthetic=args.synthetic)
+                           loaded=loaded, model=args.model, synthetic=args.synthetic, prompts=prompts)
         table += rows
         for r in rows:
             print(f"{drafter:>12} batch {r['batch']:>3}: {r['tokens_per_s']:8.1f} tok/s  acceptance length "
@@ -239,9 +260,9 @@ def main(argv=None) -> int:
                          r["ms_per_tick"], r["verify_ms"], r["propose_ms"], r["same_as_none"]])
     print()
     print_table(["drafter", "batch", "tok/s", "speed-up", "accept len", "ms/tick", "verify ms", "propose ms", "same as none"],
-                out_rows, title=f"{name}, greedy, max_tokens {args.max_tokens}, adaptive {not args.no_adaptive}"
+                out_rows, title=f"{name}, greedy, {args.prompts} prompts, max_tokens {args.max_tokens}, adaptive {not args.no_adaptive}"
                 + (", SYNTHETIC weights" if args.synthetic else ""))
-    result = {"bench": "dflash_speedup", "device": name, "max_tokens": args.max_tokens, "adaptive": not args.no_adaptive,
+    result = {"bench": "dflash_speedup", "device": name, "prompts": args.prompts, "max_tokens": args.max_tokens, "adaptive": not args.no_adaptive,
               "synthetic": args.synthetic, "machine": machine(),
               "rows": [{k: v for k, v in r.items() if k != "token_ids"} for r in table]}
     if args.json:

@@ -273,10 +273,11 @@ def held_out_split(seed: int = 0) -> tuple[list[str], list[str]]:
     return subjects[: max(2, len(subjects) // 8)], tasks[:4]
 
 
-def make_extra_prompts(count: int, seed: int = 0, avoid=frozenset()) -> list[str]:
+def make_extra_prompts(count: int, seed: int = 0, avoid=frozenset(), sample_seed: int | None = None) -> list[str]:
     """Training-only prompts from the training subjects and EXTRA_SUBJECTS (without any that
     shares a word with a held-out subject), TEMPLATES + EXTRA_TEMPLATES, and the training
-    code tasks + EXTRA_CODE_TASKS; none in `avoid`."""
+    code tasks + EXTRA_CODE_TASKS; none in `avoid`. `seed` is make_prompts' (it fixes the
+    held-out split); `sample_seed` (default `seed`) draws the prompts."""
     held, held_tasks = held_out_split(seed)
     stop = {"a", "an", "the", "of", "and", "in", "at", "to", "on", "new", "first", "day", "old"}
     held_words = {w for s in held for w in s.lower().split() if w not in stop}
@@ -284,7 +285,7 @@ def make_extra_prompts(count: int, seed: int = 0, avoid=frozenset()) -> list[str
         s for s in EXTRA_SUBJECTS if s not in SUBJECTS and not set(s.lower().split()) & held_words]
     tasks = [t for t in CODE_TASKS if t not in held_tasks] + EXTRA_CODE_TASKS
     templates, pairs = TEMPLATES + EXTRA_TEMPLATES, PAIR_TEMPLATES + EXTRA_PAIR_TEMPLATES
-    r = random.Random(seed + 7)
+    r = random.Random((seed if sample_seed is None else sample_seed) + 7)
     out, seen = [], set(avoid)
     for _ in range(count * 50):
         if len(out) >= count:

@@ -113,6 +113,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint  # noqa: E402
+from tandem.drafters.dflash.checkpoint import load_dflash_checkpoint  # noqa: E402
 from tandem.drafters.dflash.model import spread_layer_ids  # noqa: E402
 from tandem.model.loader import load_model  # noqa: E402
 
@@ -224,9 +225,11 @@ def save_token_chunk(path: str, data, self_written: list[bool] | None = None) ->
     torch.save(d, path)
 
 
-def load_token_chunks(folder: str, device, max_rows: int | None = None) -> Packed:
-    """The chunks save_token_chunk wrote (chunk*.pt, in order), packed; at most max_rows rows."""
-    names = sorted(f for f in os.listdir(folder) if f.startswith("chunk") and f.endswith(".pt"))
+def load_token_chunks(folder: str, device, max_rows: int | None = None, shard: tuple[int, int] = (0, 1)) -> Packed:
+    """The chunks save_token_chunk wrote (chunk*.pt, in order), packed; at most max_rows rows.
+    shard (i, n): only the chunks whose number is i modulo n."""
+    names = sorted(f for f in os.listdir(folder) if f.startswith("chunk") and f.endswith(".pt")
+                   and int(f[5:-3]) % shard[1] == shard[0])
     toks, pls, sls, own = [], [], [], []
     rows = 0
     for name in names:
@@ -581,7 +584,19 @@ def main(argv=None) -> int:
                     help="Gaussian noise on the target features in training, times each layer row's RMS")
     ap.add_argument("--label-smoothing", type=float, default=0.0)
     ap.add_argument("--eval-every", type=int, default=0, help="held-out offline/walked acceptance every this many steps")
+    ap.add_argument("--data-seed", type=int, default=None,
+                    help="seed of the extra and self-written prompts and of the chunk order (default --seed); the "
+                         "held-out prompts follow --seed alone, so a new corpus keeps the same held-out set")
+    ap.add_argument("--shard", default="0/1", metavar="I/N",
+                    help="with --save-tokens: generate only chunks I, I+N, ... (N processes, one a GPU, one folder); "
+                         "with --load-tokens: train only on those chunks")
+    ap.add_argument("--init-from", default=None, metavar="DIR",
+                    help="start from this checkpoint (its architecture and draft vocabulary) instead of random weights")
     args = ap.parse_args(argv)
+    data_seed = args.seed if args.data_seed is None else args.data_seed
+    shard = tuple(int(x) for x in args.shard.split("/"))
+    if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
+        ap.error(f"--shard {args.shard!r}: want I/N with 0 <= I < N")
 
     t_begin = time.time()
 
@@ -600,13 +615,14 @@ def main(argv=None) -> int:
 
     train_prompts, eval_prompts = make_prompts(args.num_prompts, args.num_eval, args.seed, args.modifiers)
     if args.extra_prompts:
-        extra = make_extra_prompts(args.extra_prompts, args.seed, avoid=frozenset(train_prompts) | frozenset(eval_prompts))
+        extra = make_extra_prompts(args.extra_prompts, args.seed, avoid=frozenset(train_prompts) | frozenset(eval_prompts),
+                                   sample_seed=data_seed)
         log(f"{len(extra)} extra training prompts, e.g. {extra[:3]}")
         train_prompts = train_prompts + extra
     log(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held-out; e.g. {train_prompts[:3]} / {eval_prompts[:2]}")
     eos = set(target.eos_token_ids)
     if args.load_tokens:
-        train_data = load_token_chunks(args.load_tokens, device, args.max_train_rows)
+        train_data = load_token_chunks(args.load_tokens, device, args.max_train_rows, shard)
         n_prompts = train_data.n
         log(f"loaded {n_prompts} continuations, {train_data.tokens.shape[0]} rows")
         prefill_features(target.model, train_data, layer_ids)
@@ -619,17 +635,19 @@ def main(argv=None) -> int:
     else:
         prompt_ids = [chat_ids(tok, p) for p in train_prompts]
         if args.num_self_prompts:
-            own = self_sampled_prompts(target.model, tok, args.num_self_prompts, args.gen_batch, seed=args.seed)
+            own = self_sampled_prompts(target.model, tok, args.num_self_prompts, args.gen_batch, seed=data_seed)
             log(f"{len(own)} self-written prompts, e.g. {[tok.decode(p) for p in own[:3]]}")
             prompt_ids += own
         n_prompts, n_self = len(prompt_ids), len(prompt_ids) - len(train_prompts)
         if args.save_tokens:
             order = list(range(len(prompt_ids)))
-            random.Random(args.seed + 11).shuffle(order)
+            random.Random(data_seed + 11).shuffle(order)
             os.makedirs(args.save_tokens, exist_ok=True)
             done = rows = 0
             last = 0.0
             for k, c0 in enumerate(range(0, len(order), args.gen_batch)):
+                if k % shard[1] != shard[0]:
+                    continue
                 if time.time() - t_begin + last > args.gen_seconds:
                     break
                 t0 = time.time()
@@ -655,15 +673,26 @@ def main(argv=None) -> int:
         target_layer_ids=layer_ids, block_size=args.block_size, mask_token_id=mask_id, num_target_layers=tc.num_layers,
         rms_norm_eps=tc.rms_norm_eps, rope_theta=tc.rope_theta, max_position_embeddings=tc.max_position_embeddings,
     )
-    if args.draft_vocab_coverage < 1:  # trained with the head it will draft with
-        vocab = draft_vocab_of(train_data, tc.vocab_size, args.draft_vocab_coverage)
-        config = replace(config, draft_vocab_size=int(vocab.numel()))
-    model = DFlashDraftModel(config).init_weights(args.seed).to(device)
-    if args.draft_vocab_coverage < 1:
-        model.draft_vocab.copy_(vocab)
+    if args.init_from:  # its architecture and draft vocabulary; the flags that shape a new drafter are ignored
+        model = load_dflash_checkpoint(args.init_from, device=device).requires_grad_(True)
+        config = model.config
+        if config.target_layer_ids != layer_ids or config.mask_token_id != mask_id:
+            log(f"note: {args.init_from} reads layers {config.target_layer_ids}, mask {config.mask_token_id}")
+        vocab = model.draft_vocab if config.draft_vocab_size else None
+        log(f"init from {args.init_from}: {config.num_layers} layers, draft vocabulary "
+            f"{config.draft_vocab_size or config.vocab_size}")
+    else:
+        vocab = None
+        if args.draft_vocab_coverage < 1:  # trained with the head it will draft with
+            vocab = draft_vocab_of(train_data, tc.vocab_size, args.draft_vocab_coverage)
+            config = replace(config, draft_vocab_size=int(vocab.numel()))
+        model = DFlashDraftModel(config).init_weights(args.seed).to(device)
+        if vocab is not None:
+            model.draft_vocab.copy_(vocab)
+        with torch.no_grad():  # start from the target's output scale: the head is the target's
+            model.norm.weight.copy_(target.model.model.norm.weight.float())
+    if vocab is not None:
         log(f"draft vocabulary: {vocab.numel()} tokens, covering {in_vocab_share(vocab, eval_data):.4f} of the held-out tokens")
-    with torch.no_grad():  # start from the target's output scale: the head is the target's
-        model.norm.weight.copy_(target.model.model.norm.weight.float())
     log(f"drafter: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, layers {layer_ids}, mask {args.mask_token}={mask_id}")
     if args.dropout > 0:
         add_dropout(model, args.dropout)
@@ -696,7 +725,8 @@ def main(argv=None) -> int:
         "heldout_offline_acceptance_length": round(offline, 3), "heldout_walked_acceptance_length": round(walked, 3),
         "bench_prompts_walked_acceptance_length": round(bench_walked, 3),
         "script": "scripts/train_dflash.py", "seed": args.seed}}
-    for name in ("extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing"):  # non-defaults only
+    for name in ("extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing", "lr", "data_seed",
+                 "init_from", "shard"):  # non-defaults only
         if getattr(args, name) != ap.get_default(name):
             info["train"][name] = getattr(args, name)
     save_dflash_checkpoint(model, args.out, extra_config={"tandem": info})
