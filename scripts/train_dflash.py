@@ -729,6 +729,11 @@ def main(argv=None) -> int:
                  "init_from", "shard"):  # non-defaults only
         if getattr(args, name) != ap.get_default(name):
             info["train"][name] = getattr(args, name)
+    if args.init_from:  # a warm start keeps the history of the weights it started from
+        with open(os.path.join(args.init_from, "config.json")) as f:
+            before = json.load(f).get("tandem", {})
+        if "train" in before:
+            info["previous_train"] = before["train"]
     save_dflash_checkpoint(model, args.out, extra_config={"tandem": info})
     log(f"saved {args.out}")
     if not args.skip_engine_eval:

@@ -251,8 +251,12 @@ class Engine:
         if not self.config.adaptive:
             return self.adaptive.max_gamma
         live = [s for s in self.scheduler.running if not s.finished]
-        gammas = [s.spec.gamma if self.adaptive.allowed(s.spec, len(s.output_ids)) else 0 for s in live]
         sched, cost = self.scheduler, self.ctx.cost
+        if self.adaptive.whole_blocks:  # a block drafter rests a sequence whose block does not pay (see block_pays)
+            for s in live:
+                if not cost.block_pays(s.spec.alpha, s.spec.gamma, len(live)):
+                    self.adaptive.rest(s.spec, len(s.output_ids))
+        gammas = [s.spec.gamma if self.adaptive.allowed(s.spec, len(s.output_ids)) else 0 for s in live]
         return cost.best_cap(gammas, [s.spec.alpha for s in live], self.adaptive.ladder,
                              plan=lambda gs: plan_cost(gs, sched.row_budget, sched.max_batch, cost.estimate))
 
