@@ -38,7 +38,7 @@ def plan_verify_batches(running: list[Sequence], row_budget: int, max_batch: int
         if s.finished:
             continue
         g = len(s.drafts)
-        (mergeable if _can_pad(s) else exact).setdefault(g, []).append(s)
+        (mergeable if can_pad(s) else exact).setdefault(g, []).append(s)
 
     batches = []
     for g in sorted(exact, reverse=True):
@@ -54,7 +54,7 @@ def batch_width(batch: list[Sequence]) -> int:
     return max(len(s.drafts) for s in batch)
 
 
-def _can_pad(s: Sequence) -> bool:
+def can_pad(s: Sequence) -> bool:
     # room for up to MAX_ROWS rows past the committed KV: padding never runs past the context
     return s.params.greedy and s.max_seq_len - s.kv_len >= MAX_ROWS
 

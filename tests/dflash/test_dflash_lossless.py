@@ -200,3 +200,19 @@ def test_sequences_that_do_not_draft_for_a_while_then_do_keep_greedy_output_exac
     outs = [final[i] for i in ids]
     assert [o.token_ids for o in outs] == want
     assert all(o.num_draft_tokens > 0 for o in outs), "a sequence never drafted"
+
+
+def test_a_round_cut_short_by_max_tokens_keeps_the_block_shape(target, tiny_reference):
+    # The last rounds of a request draft fewer than the block (no more can be emitted); their
+    # forward is padded to the block's rows, so a GPU needs no extra CUDA graph for them.
+    prompts, want = tiny_reference
+    shard = tiny_shard(target, random_dflash(seed=3))
+    engine = tiny_engine(shard, "dflash", 4, num_speculative_tokens=5, adaptive=False)
+    widths = []
+    verify = shard.verify
+    shard.verify = lambda cmd: widths.append(cmd.k) or verify(cmd)
+    outs = engine.generate(prompts[:4], SamplingParams(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == want[:4]
+    short = sum(o.num_drafts * 5 - o.num_draft_tokens for o in outs)
+    assert short > 0, "no round was cut short: the test checks nothing"
+    assert set(widths) <= {1, 6}, widths  # decode rows (k=1: the prefill's first pick) or a whole block
