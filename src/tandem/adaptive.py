@@ -218,18 +218,22 @@ class BatchCostModel:
         # that paid for allocations, a stall) is held to it, or it would never be tried again
         return min([t, *at_or_above])
 
-    def block_pays(self, alpha: float, g: int, n: int) -> bool:
-        """Whether one of n running sequences gains by drafting a block of g: the tokens its
-        drafts are expected to add, at what a plain token costs (T(n) / n), against its g
-        rows at the mean price of a draft row (T(n (g + 1)) - T(n)) / (n g). On a GPU's
-        small batches rows are nearly free and any alpha pays; on a CPU a hopeless
-        sequence's rows are not. True while the forwards are not yet measured. The batch
-        rule (best_cap) still decides whether drafting pays at all, propose included."""
+    def block_break_even(self, g: int, n: int) -> float:
+        """The fewest extra tokens a block of g drafts must be expected to add for one of n
+        running sequences to pay for it: its g rows at the mean price of a draft row,
+        (T(n (g + 1)) - T(n)) / (n g), counted in plain tokens (T(n) / n each). On a GPU's
+        small batches rows are nearly free and almost any alpha pays; on a CPU a hopeless
+        sequence's rows do not. 0 while the forwards are not yet measured. The batch rule
+        (best_cap) still decides whether drafting pays at all, propose included."""
         plain, full = self.estimate(n), self.estimate(n * (g + 1))
-        if plain is None or full is None or g <= 0:
-            return True
+        if plain is None or full is None or g <= 0 or plain <= 0:
+            return 0.0
         row = max(0.0, full - plain) / (n * g)
-        return (expected_tokens(alpha, g) - 1.0) * plain / n >= g * row
+        return g * row * n / plain
+
+    def block_pays(self, alpha: float, g: int, n: int) -> bool:
+        """Whether one of n running sequences gains by drafting a block of g (see block_break_even)."""
+        return expected_tokens(alpha, g) - 1.0 >= self.block_break_even(g, n)
 
     def _prefill_is_compute(self) -> bool:
         """Whether the prefill's cost per row can be a compute rate: only if no measured

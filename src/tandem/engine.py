@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence as Seq
 
-from tandem.adaptive import AdaptiveSpec, BatchCostModel
+from tandem.adaptive import AdaptiveSpec, BatchCostModel, expected_tokens
 from tandem.batching import plan_cost
 from tandem.clock import Clock, MonotonicClock
 from tandem.config import EngineConfig
@@ -252,9 +252,10 @@ class Engine:
             return self.adaptive.max_gamma
         live = [s for s in self.scheduler.running if not s.finished]
         sched, cost = self.scheduler, self.ctx.cost
-        if self.adaptive.whole_blocks:  # a block drafter rests a sequence whose block does not pay (see block_pays)
+        if self.adaptive.whole_blocks:  # a block drafter rests a sequence whose block does not pay (see block_break_even)
+            need = cost.block_break_even(self.adaptive.max_gamma, len(live))
             for s in live:
-                if not cost.block_pays(s.spec.alpha, s.spec.gamma, len(live)):
+                if expected_tokens(s.spec.alpha, s.spec.gamma) - 1.0 < need:
                     self.adaptive.rest(s.spec, len(s.output_ids))
         gammas = [s.spec.gamma if self.adaptive.allowed(s.spec, len(s.output_ids)) else 0 for s in live]
         return cost.best_cap(gammas, [s.spec.alpha for s in live], self.adaptive.ladder,
