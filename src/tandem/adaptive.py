@@ -6,7 +6,7 @@ Per sequence: gamma climbs a ladder after a fully accepted round and falls after
 rejected one; after `off_after` rounds in a row that accept nothing, speculation
 is off for the sequence until it has emitted `retry_after` more tokens. A block
 drafter (DFlash) has no ladder and no such rest: each tick, a sequence drafts only
-while its own alpha pays for the rows its block adds (BatchCostModel.block_pays),
+while its own alpha pays for the rows its block adds (BatchCostModel.block_break_even),
 and while it does not, its alpha drifts back toward the prior, so it retries soon.
 
 Per batch: a measured cost table (forward ms by rows) and each sequence's
@@ -84,7 +84,7 @@ class AdaptiveSpec:
         i = self.ladder.index(st.gamma) if st.gamma in self.ladder else len(self.ladder) - 1
         if accepted == 0:
             st.misses += 1
-            # a block drafter's misses show in alpha, which block_pays weighs against what a
+            # a block drafter's misses show in alpha, which block_break_even weighs against what a
             # block costs: three misses in a row are common where it accepts 3 a round, and
             # 32 tokens of rest after them cost a CPU 2.05x -> 1.43x (40% of the tokens plain)
             if st.misses >= self.off_after and not self.whole_blocks:
@@ -230,10 +230,6 @@ class BatchCostModel:
             return 0.0
         row = max(0.0, full - plain) / (n * g)
         return g * row * n / plain
-
-    def block_pays(self, alpha: float, g: int, n: int) -> bool:
-        """Whether one of n running sequences gains by drafting a block of g (see block_break_even)."""
-        return expected_tokens(alpha, g) - 1.0 >= self.block_break_even(g, n)
 
     def _prefill_is_compute(self) -> bool:
         """Whether the prefill's cost per row can be a compute rate: only if no measured

@@ -192,7 +192,7 @@ def test_a_block_drafter_keeps_its_whole_block_and_pays_one_propose_step():
     a.record_verify(st, drafted=7, accepted=0, num_output=10)
     a.record_verify(st, drafted=7, accepted=2, num_output=13)
     assert st.gamma == 7
-    for n in range(3):  # misses in a row do not rest it by count: they lower alpha (see block_pays)
+    for n in range(3):  # misses in a row do not rest it by count: they lower alpha (see block_break_even)
         a.record_verify(st, drafted=7, accepted=0, num_output=20 + n)
     assert a.allowed(st, 22) and st.alpha < 0.6
     cost = BatchCostModel(whole_blocks=True)
@@ -225,19 +225,22 @@ def test_a_block_drafter_rests_a_sequence_only_while_its_block_does_not_pay():
     # batch of 8 costs ~3 ms, so a sequence whose block yields 0.4 extra tokens is not worth
     # its 7 rows; one accepting 2 a round is. On a GPU-like table rows are nearly free, so
     # the weak one pays there, and only a hopeless one does not.
+    def pays(cost, alpha):  # what the engine checks for each sequence of a batch of 8
+        return expected_tokens(alpha, 7) - 1.0 >= cost.block_break_even(7, 8)
+
     a = AdaptiveSpec(7, whole_blocks=True)
     cpu = BatchCostModel(whole_blocks=True)
     for rows, ms in ((8, 24.0), (64, 75.0)):
         cpu.record_forward(rows, ms)
     hopeless, weak, good = 0.05, 0.3, 0.7
     assert expected_tokens(hopeless, 7) < 1.06 and 1.4 < expected_tokens(weak, 7) < 1.5 and expected_tokens(good, 7) > 3
-    assert not cpu.block_pays(weak, 7, 8)
-    assert cpu.block_pays(good, 7, 8)
+    assert not pays(cpu, weak)
+    assert pays(cpu, good)
     gpu = BatchCostModel(whole_blocks=True)
     for rows, ms in ((8, 4.3), (64, 5.0)):
         gpu.record_forward(rows, ms)
-    assert gpu.block_pays(weak, 7, 8) and not gpu.block_pays(hopeless, 7, 8)
-    assert BatchCostModel(whole_blocks=True).block_pays(hopeless, 7, 8)  # nothing measured: try it
+    assert pays(gpu, weak) and not pays(gpu, hopeless)
+    assert pays(BatchCostModel(whole_blocks=True), hopeless)  # nothing measured: try it
     # a rest lasts one token: the next tick weighs the sequence again, its alpha drifting
     # back toward the prior while it decodes plainly
     st = a.new_state()
