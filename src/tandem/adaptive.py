@@ -69,6 +69,11 @@ class AdaptiveSpec:
         self.ema = ema if ema is not None else (0.15 if whole_blocks else 0.3)
         self.adaptive = adaptive
 
+    @property
+    def block(self) -> int:
+        """A block drafter's drafts a round (its verify forwards keep that shape), else 0."""
+        return self.max_gamma if self.whole_blocks else 0
+
     def new_state(self) -> SpecControl:
         return SpecControl(gamma=self.max_gamma)
 

@@ -177,7 +177,7 @@ class Engine:
                 return self._collect()
             self._prefill_tick = False
             self.ctx.draft_cap = self._draft_cap()
-            for batch in self.scheduler.verify_batches(self.ctx.cost.estimate):
+            for batch in self.scheduler.verify_batches(self.ctx.cost.estimate, self.adaptive.block):
                 verify_step(batch, self.ctx)
                 if not self.group.healthy():
                     break  # the rest wait for the recovery next tick

@@ -32,12 +32,13 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
-    def verify_batches(self, cost: CostFn | None = None) -> list[list[Sequence]]:
+    def verify_batches(self, cost: CostFn | None = None, block: int = 0) -> list[list[Sequence]]:
         """Running sequences in verify batches within the row budget: greedy ones of
         different draft counts share a padded batch where the cost model says it pays
         (see tandem.batching), the others go by exact draft count. Each batch is in slot
-        order: consecutive slots let the target read its KV cache in place."""
-        batches = plan_verify_batches(self.running, self.row_budget, self.max_batch, cost)
+        order: consecutive slots let the target read its KV cache in place. block: a block
+        drafter's drafts a round (see tandem.batching.batch_width), else 0."""
+        batches = plan_verify_batches(self.running, self.row_budget, self.max_batch, cost, block)
         return [sorted(b, key=lambda s: s.slot) for b in batches]
 
     def reap(self) -> list[Sequence]:

@@ -54,6 +54,17 @@ def test_padded_batches_respect_the_row_budget():
     assert sorted(s.request_id for b in batches for s in b) == sorted(s.request_id for s in seqs)
 
 
+def test_a_block_drafters_short_rounds_are_padded_to_the_block_within_the_row_budget():
+    # six sequences at the end of their max_tokens draft 2 of a block of 5: 3 rows each
+    # would fit 6 in a budget of 20, but padded to the block (6 rows) only 3 fit
+    seqs = [seq(f"s{i}", 2) for i in range(6)]
+    batches = batching.plan_verify_batches(seqs, 20, 64, None, block=5)
+    assert all(batching.batch_width(b, 5) == 5 and len(b) * 6 <= 20 for b in batches)
+    assert sorted(s.request_id for b in batches for s in b) == sorted(s.request_id for s in seqs)
+    assert batching.batch_width([seq("plain", 0)], 5) == 0  # a batch without drafts stays one row
+    assert batching.batch_width([seq("end", 2, max_seq_len=10)], 5) == 2  # no room to pad
+
+
 def test_padded_rows_repeat_the_last_row():
     assert step.padded_rows(5, [6, 7], 5) == [5, 6, 7, 7, 7]
     assert step.padded_rows(5, [], 3) == [5, 5, 5]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
-from tandem.batching import batch_width, can_pad
+from tandem.batching import batch_width
 from tandem.clock import Clock
 from tandem.detokenizer import Detokenizer
 from tandem.errors import ShapeError, ShardError
@@ -49,13 +49,7 @@ class StepContext:
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
-    n, g = len(batch), batch_width(batch)
-    block = ctx.adaptive.max_gamma if ctx.adaptive.whole_blocks else 0
-    if 0 < g < block and all(can_pad(s) for s in batch):
-        # a block drafter's forwards keep the block's shape: a request's last round, cut
-        # short by max_tokens, would otherwise be one more CUDA graph to capture (an H200
-        # captured (1, 3) inside a timed run: ~0.1 s of a 0.9 s batch-1 benchmark)
-        g = block
+    n, g = len(batch), batch_width(batch, ctx.adaptive.block)
     k = g + 1
     drafts = [s.drafts for s in batch]
     for s in batch:
