@@ -51,7 +51,7 @@ class DraftModelDrafter:
         self._forward([[0]], [0], [0])
 
     @torch.inference_mode()
-    def prefill(self, slot: int, tokens: list[int], hidden=None) -> None:
+    def prefill(self, slot: int, tokens: list[int], feats=None) -> None:
         """Lazy (the first propose catches up), except for a sequence that runs alone: it
         will draft, and its one-off catch-up inside a propose would be read by the batch
         rule as the cost of every draft step (it prices drafting per step), turning a
@@ -130,8 +130,11 @@ class DraftModelDrafter:
         q_out = [torch.stack(q)[:g] if q else None for q, g in zip(qs, num_drafts)]
         return [d[:g] for d, g in zip(drafts, num_drafts)], q_out
 
-    def commit(self, slot: int, start_pos: int, rows: int, hidden=None) -> None:
+    def commit(self, slot: int, start_pos: int, rows: int, feats=None) -> None:
         self.cache.set_length(slot, min(self.cache.lengths[slot], start_pos + rows))
+
+    def committed(self, slots: list[int]) -> None:
+        pass  # the draft model catches up at its next propose
 
     def release(self, slot: int) -> None:
         self.live.discard(slot)

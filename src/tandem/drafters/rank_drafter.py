@@ -21,8 +21,9 @@ class RankDrafter(Protocol):
     # Most sequences one batched propose takes.
     propose_batch_max: int
 
-    def prefill(self, slot: int, tokens: list[int], hidden: dict[int, torch.Tensor] | None) -> None:
-        """A sequence's known tokens (and the target's captured rows for them, [len, H] per layer)."""
+    def prefill(self, slot: int, tokens: list[int], feats: torch.Tensor | None) -> None:
+        """A sequence's known tokens, and the target's captured rows for them: the capture_layers'
+        outputs side by side in that order, [len, len(capture_layers) * H] (None without captures)."""
         ...
 
     def propose(
@@ -36,9 +37,14 @@ class RankDrafter(Protocol):
         """Drafts for a batch, and for sampled sequences the draft distribution q [g, V]."""
         ...
 
-    def commit(self, slot: int, start_pos: int, rows: int, hidden: dict[int, torch.Tensor] | None) -> None:
+    def commit(self, slot: int, start_pos: int, rows: int, feats: torch.Tensor | None) -> None:
         """The verdict kept `rows` rows of the target from start_pos on (accepted + 1);
-        trim what the drafter guessed past them. hidden: the kept rows' captures, [rows, H]."""
+        trim what the drafter guessed past them. feats: the kept rows' captures, as in prefill."""
+        ...
+
+    def committed(self, slots: list[int]) -> None:
+        """Every sequence of a verify batch has been committed: work the next propose needs
+        may start now (on a GPU it then runs while the scheduler handles the verdict)."""
         ...
 
     def release(self, slot: int) -> None:

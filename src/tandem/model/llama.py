@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.model.config import ModelConfig
-from tandem.model.cpu_linear import FusedLinears, pack_linear_layers
+from tandem.model.cpu_linear import FusedLinears, pack_linear_layers, share_fused_storage
 from tandem.model.cpu_malloc import keep_freed_memory
 from tandem.model.kv_cache import KVCache
 
@@ -36,6 +36,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:  # one fused kernel instead of seven: a GPU forward at small batch is launch-bound
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32, scale in the input dtype: what HF does, so bf16 matches it too.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -87,14 +89,16 @@ class Attention(nn.Module):
         n, k, _ = x.shape
         d = self.head_dim
         # Head counts come from the weights, so a tensor-parallel shard needs no other change.
-        q, key, value = self.qkv(x)
-        q = q.view(n, k, -1, d)  # [n, k, hq, d]
-        key = key.view(n, k, -1, d)  # [n, k, hkv, d]
-        value = value.view(n, k, -1, d)  # [n, k, hkv, d]
-        hq, hkv = q.shape[2], key.shape[2]
+        hq, hkv = self.q_proj.out_features // d, self.k_proj.out_features // d
         g = hq // hkv
-        q = q * cos + rotate_half(q) * sin
-        key = key * cos + rotate_half(key) * sin
+        qkv = self.qkv.joint(x)
+        if qkv is None:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        # q and k side by side: one rotation for both (half the kernels of two)
+        qk = qkv[..., : (hq + hkv) * d].view(n, k, hq + hkv, d)
+        value = qkv[..., (hq + hkv) * d :].view(n, k, hkv, d)
+        qk = qk * cos + rotate_half(qk) * sin
+        q, key = qk[:, :, :hq], qk[:, :, hq:]  # [n, k, hq, d], [n, k, hkv, d]
 
         # Write this step's rows first, so each row also sees itself and the rows before it.
         k_cache[slots[:, None], :, pos] = key
@@ -187,11 +191,14 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         model.load_state_dict(state, strict=True, assign=True)
+        del state  # the model holds the tensors now; share_fused_storage below frees each as it fuses
         model.tie_weights()
         model._build_rope_tables(device)
         pack_linear_layers(model)  # float32 CPU forwards: oneDNN on packed weights (see cpu_linear)
         if torch.device(device).type == "cpu":
             keep_freed_memory()  # no page faults on every forward's temporaries (see cpu_malloc)
+        else:
+            share_fused_storage(model)  # q/k/v and gate/up as one GEMM each (see FusedLinears)
         return model.eval().requires_grad_(False)
 
     @property

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tandem.model.cpu_linear import share_fused_storage
 from tandem.model.llama import LlamaForCausalLM
 
 
@@ -56,6 +57,8 @@ def shard_model(model: LlamaForCausalLM, rank: int, world_size: int, group=None)
             _keep_output_rows(linear, columns)
         _keep_input_columns(attn.o_proj, q_rows, rank, group)
         _keep_input_columns(mlp.down_proj, columns, rank, group)
+    if model.lm_head.weight.is_cuda:
+        share_fused_storage(model)  # the narrowed q/k/v and gate/up as one GEMM each again
     return model
 
 

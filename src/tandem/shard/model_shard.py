@@ -34,7 +34,7 @@ class _Pending:
     """A verify forward whose verdict has not arrived yet."""
 
     cmd: VerifyBatch
-    hidden: dict[int, torch.Tensor]  # layer -> [n, k, H]
+    feats: torch.Tensor | None  # the captured layers side by side, [n, k, len(capture) * H]
 
 
 class ModelShard:
@@ -104,7 +104,7 @@ class ModelShard:
             self.cache.set_length(it.slot, len(it.tokens))
             self.history[it.slot] = list(it.tokens)
             if self.drafter is not None:
-                self.drafter.prefill(it.slot, list(it.tokens), hidden)
+                self.drafter.prefill(it.slot, list(it.tokens), self._joined(hidden))
         if self.rank != 0:
             return PrefillResult(next_tokens=[])
         stacked = torch.stack(logits)  # [n, V]
@@ -126,7 +126,8 @@ class ModelShard:
             out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.slots), list(cmd.start_pos), self.capture)
         if out is None:
             out = self._forward(rows, cmd.slots, cmd.start_pos)
-        self.pending = _Pending(cmd=cmd, hidden=out.hidden)
+        # one concatenation for the batch, not one a sequence at commit (queued, no sync)
+        self.pending = _Pending(cmd=cmd, feats=self._joined(out.hidden))
         if self.rank != 0:
             return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
         q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
@@ -149,9 +150,10 @@ class ModelShard:
             self.cache.set_length(slot, start + w)
             self.history[slot].extend(p.cmd.tokens[i * k : i * k + w])  # host ids: no device read a sequence
             if self.drafter is not None:
-                hidden = {layer: h[i, :w] for layer, h in p.hidden.items()} or None
-                self.drafter.commit(slot, start, w, hidden)
+                self.drafter.commit(slot, start, w, None if p.feats is None else p.feats[i, :w])
             self._drafts.pop(slot, None)
+        if self.drafter is not None:
+            self.drafter.committed(list(p.cmd.slots))
 
     @torch.inference_mode()
     def propose(self, cmd: ProposeBatch) -> ProposeResult:
@@ -182,6 +184,12 @@ class ModelShard:
                 self.drafter.release(slot)
 
     # ---- helpers ----------------------------------------------------------------------
+
+    def _joined(self, hidden: dict[int, torch.Tensor] | None) -> torch.Tensor | None:
+        """The captured layers' rows side by side in capture order (what a rank-side drafter takes)."""
+        if self.drafter is None or not self.capture or not hidden:
+            return None
+        return torch.cat([hidden[layer] for layer in self.capture], dim=-1)
 
     def _draft_probs(self, slot: int, drafts: list[int]) -> torch.Tensor | None:
         stored = self._drafts.get(slot)

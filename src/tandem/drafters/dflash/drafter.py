@@ -100,12 +100,19 @@ class DFlashDrafter:
 
     # ---- RankDrafter --------------------------------------------------------------------
 
-    def prefill(self, slot: int, tokens: list[int], hidden: dict[int, torch.Tensor] | None) -> None:
+    def prefill(self, slot: int, tokens: list[int], feats: torch.Tensor | None) -> None:
         self.release(slot)
-        self._append(slot, 0, len(tokens), hidden)
+        self._append(slot, 0, len(tokens), feats)
 
-    def commit(self, slot: int, start_pos: int, rows: int, hidden: dict[int, torch.Tensor] | None) -> None:
-        self._append(slot, start_pos, rows, hidden)
+    def commit(self, slot: int, start_pos: int, rows: int, feats: torch.Tensor | None) -> None:
+        self._append(slot, start_pos, rows, feats)
+
+    def committed(self, slots: list[int]) -> None:
+        # On a GPU the kept rows go into the context now: the flush is queued without a
+        # host sync and runs while the scheduler walks the verdict, instead of inside the
+        # next propose. On the CPU they wait, to be folded in with later commits.
+        if self._capture:
+            self._flush(slots)
 
     def release(self, slot: int) -> None:
         self.written[slot] = 0
@@ -193,12 +200,13 @@ class DFlashDrafter:
 
     # ---- helpers ------------------------------------------------------------------------
 
-    def _append(self, slot: int, start: int, rows: int, hidden: dict[int, torch.Tensor] | None) -> None:
-        """Keep target rows for positions start..start+rows-1, dropping whatever the slot
-        held from `start` on."""
-        if hidden is None or any(layer not in hidden for layer in self.capture_layers):
-            raise ValueError(f"dflash: slot {slot} got no captured rows of layers {self.capture_layers}")
-        feats = torch.cat([hidden[layer] for layer in self.capture_layers], dim=-1)  # [rows, nL*H]
+    def _append(self, slot: int, start: int, rows: int, feats: torch.Tensor | None) -> None:
+        """Keep target rows (feats [rows, nL*H]) for positions start..start+rows-1, dropping
+        whatever the slot held from `start` on."""
+        width = len(self.capture_layers) * self.model.config.hidden_size
+        if feats is None or feats.dim() != 2 or feats.shape[1] != width:
+            raise ValueError(f"dflash: slot {slot} got no captured rows of layers {self.capture_layers} "
+                             f"([rows, {width}]), got {None if feats is None else tuple(feats.shape)}")
         if feats.shape[0] != rows:
             raise ValueError(f"dflash: slot {slot} got {feats.shape[0]} captured rows for {rows} kept rows")
         if start > self.length[slot]:
