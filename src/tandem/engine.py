@@ -181,7 +181,18 @@ class Engine:
                 verify_step(batch, self.ctx)
                 if not self.group.healthy():
                     break  # the rest wait for the recovery next tick
+            self._settle()
             return self._collect()
+
+    def _settle(self) -> None:
+        """Wait until every rank has acknowledged this tick's verdicts: no output leaves
+        before. A batch whose verdict some rank did not take finishes with an error (a
+        sequence that finished in that tick anyway keeps its tokens: none follow)."""
+        lost = self.group.settle()
+        for batch_id in lost:
+            for s in self.ctx.unsettled.get(batch_id, []):
+                s.finish(FinishReason.ERROR, error=f"verify verdict of batch {batch_id} not acknowledged by every rank")
+        self.ctx.unsettled.clear()
 
     def _admit(self) -> bool:
         """Prefill the sequences that got a slot; whether there were any."""

@@ -89,3 +89,49 @@ def test_a_short_result_finishes_only_its_batch(make_engine, local_group):
             break
     assert final[victim].finish_reason == "error" and "short result" in final[victim].error
     assert final[other].token_ids == reference
+
+
+class UnacknowledgedGroup:
+    """Wraps a real group; settle() reports the verdict of the next verified batch as not
+    acknowledged by every rank (what a group whose rank died after the forward says)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.limits = inner.limits
+        self.armed = False
+        self.lost: list[int] = []
+
+    def verify(self, cmd):
+        if self.armed:
+            self.armed = False
+            self.lost.append(cmd.batch_id)
+        return self.inner.verify(cmd)
+
+    def settle(self):
+        lost, self.lost = self.lost, []
+        return lost
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_verdict_no_rank_acknowledged_finishes_its_batch_before_any_of_its_outputs_leave(make_engine, local_group):
+    params = SamplingParams(max_tokens=12)
+    group = UnacknowledgedGroup(local_group)
+    engine = make_engine("ngram", group=group)
+    reference = make_engine("ngram").generate([PROMPTS[4]], params)[0].token_ids
+    victim = engine.add_request(PROMPTS[1], params)
+    first = [o for o in engine.step() if o.request_id == victim]  # the prefill tick: its first token
+    group.armed = True
+    outs = [o for o in engine.step() if o.request_id == victim]
+    assert len(outs) == 1 and outs[0].finished and outs[0].finish_reason == "error"
+    assert "not acknowledged by every rank" in outs[0].error
+    # the tick's tokens never went out as a success: the client saw the prefill token, then the error
+    assert len(first) == 1 and not first[0].finished
+    other = engine.add_request(PROMPTS[4], params)
+    final = None
+    for _ in range(100):
+        final = next((o for o in engine.step() if o.request_id == other and o.finished), None)
+        if final:
+            break
+    assert final.finish_reason == "length" and final.token_ids == reference

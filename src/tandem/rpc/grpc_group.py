@@ -5,9 +5,17 @@ the group's; propose goes to rank 0 alone, where the rank-side drafter lives. Th
 tick's commands (prefill, verify, commit, propose, release) travel on one Session
 stream per rank (tandem.rpc.session: cheaper than a unary call each); start-up, health
 and the failed verdict use unary calls. A verify batch is checked against the shape
-rules before anything is sent, and after the forward the verdict words go to every
-rank; commit() returns only when every rank has acknowledged them, so nothing reaches a
-client first.
+rules before anything is sent, and after the forward the verdict words go to every rank.
+
+Verdicts and releases are sent without waiting for their acknowledgements: the
+scheduler walks the verdict, and the next command (a propose, the next batch's verify)
+goes out behind them on the same streams, instead of each waiting a round trip. The
+acknowledgements are read before the next command's reply (replies come in order) or
+by settle(), which the engine calls before it hands out a tick's outputs, so nothing
+reaches a client before every rank has its verdict. A verdict some rank did not
+acknowledge makes the group unhealthy, and settle() names its batch, which the engine
+finishes with an error; a command sent behind it raises ShardError(state_advanced=False):
+its sequences were not in that batch and are prefilled again after the restart.
 
 Failures, as the seed's ep_fail_verify_batch: a verify that fails on any rank (an
 exception, a lost rank, a passed deadline) or whose rank-0 result is short sends the
@@ -81,6 +89,15 @@ class _Reply:
         return self.code is None
 
 
+@dataclass
+class _Owed:
+    """A command sent on the session streams whose replies have not been read yet."""
+
+    what: str  # names it in a failure
+    ranks: list[int]
+    batch_id: int | None = None  # a verdict's batch
+
+
 class GrpcShardGroup:
     limits: ShardLimits
     drafter_info: RankDrafterInfo  # what rank 0's rank-side drafter was built from
@@ -109,6 +126,8 @@ class GrpcShardGroup:
         self._stubs: list[pb_grpc.ShardControlStub] = []
         self._sessions: list[Session] = []
         self._watchdog: Watchdog | None = None
+        self._owed: list[_Owed] = []  # oldest first
+        self._unacknowledged: list[int] = []  # batches whose verdict some rank did not take
         self._healthy = False
         try:
             self._start()
@@ -149,11 +168,24 @@ class GrpcShardGroup:
         return res
 
     def commit(self, verdict: Verdict) -> None:
+        """Send the verdict to every rank; on the session streams its acknowledgements are
+        read later (see settle), over unary calls now."""
         self._check_healthy()
+        what = f"verdict of batch {verdict.batch_id}"
+        if self._sessions:
+            self._send_owed("Commit", codec.encode_verdict(verdict), _Owed(what, self._all_ranks(), verdict.batch_id))
+            return
         replies = self._fan_out("Commit", codec.encode_verdict(verdict), self.deadline_s)
         failed = [r for r in replies if not r.ok]
         if failed:
-            self._lose(f"verdict of batch {verdict.batch_id} not acknowledged: {self._describe(failed, self.deadline_s)}")
+            self._lose(f"{what} not acknowledged: {self._describe(failed, self.deadline_s)}")
+
+    def settle(self) -> list[int]:
+        """Read every acknowledgement still owed; the batches whose verdict some rank did
+        not acknowledge (the group is then unhealthy)."""
+        self._read_owed()
+        lost, self._unacknowledged = self._unacknowledged, []
+        return lost
 
     def propose(self, cmd: ProposeBatch) -> ProposeResult:
         self._check_healthy()
@@ -169,6 +201,9 @@ class GrpcShardGroup:
 
     def release(self, slots: list[int]) -> None:
         self._check_healthy()
+        if self._sessions:  # acknowledged with the next command's reply
+            self._send_owed("Release", codec.encode_release(slots), _Owed(f"release of slots {slots}", self._all_ranks()))
+            return
         replies = self._fan_out("Release", codec.encode_release(slots), self.deadline_s)
         self._raise_on_failure(replies, f"release of slots {slots}")
 
@@ -249,6 +284,7 @@ class GrpcShardGroup:
             raise ShardError(f"shard group {what} failed: {self._describe(failed, self.init_deadline_s)}", unhealthy=True)
 
     def _close_channels(self) -> None:
+        self._owed = []
         if self._watchdog is not None:
             self._watchdog.sessions = []
         for session in self._sessions:
@@ -355,14 +391,49 @@ class GrpcShardGroup:
         for rank in ranks:
             cmd = shared or pb.Command(timeout_s=timeout, **{field: request[rank]})
             self._sessions[rank].send(cmd, timeout)
-        replies = []
-        for rank in ranks:
-            reply, code, details, at = self._sessions[rank].receive()
-            if code is None:
-                replies.append(_Reply(rank, value=getattr(reply, reply.WhichOneof("reply"))))
-            else:
-                replies.append(_Reply(rank, code=code, details=details, at=at))
+        lost_before = self._read_owed()  # the replies of earlier commands come first
+        replies = [self._receive(rank) for rank in ranks]
+        if lost_before:
+            raise ShardError(f"{method.lower()} not run: the shard group was lost before it ({self.last_failure})",
+                             state_advanced=False, unhealthy=True)
         return replies
+
+    def _receive(self, rank: int) -> _Reply:
+        reply, code, details, at = self._sessions[rank].receive()
+        if code is None:
+            return _Reply(rank, value=getattr(reply, reply.WhichOneof("reply")))
+        return _Reply(rank, code=code, details=details, at=at)
+
+    def _all_ranks(self) -> list[int]:
+        return list(range(len(self._stubs)))
+
+    def _send_owed(self, method: str, request, owed: _Owed) -> None:
+        """Send on the ranks' streams without waiting; the replies are read by _read_owed."""
+        cmd = pb.Command(timeout_s=self.deadline_s, **{_SESSION_FIELDS[method]: request})
+        for rank in owed.ranks:
+            self._sessions[rank].send(cmd, None)
+        self._owed.append(owed)
+
+    def _read_owed(self) -> bool:
+        """Read the replies of the commands sent without waiting, oldest first; whether one
+        failed (the group is then unhealthy; a verdict's batch is kept for settle)."""
+        owed, self._owed = self._owed, []
+        lost = False
+        for o in owed:
+            replies = [self._receive(rank) for rank in o.ranks]
+            failed = [r for r in replies if not r.ok]
+            if not failed:
+                continue
+            if o.batch_id is None and all(r.code == _INVALID for r in replies):
+                log.error("%s refused by every rank: %s", o.what, replies[0].details)  # nothing changed anywhere
+                continue
+            if o.batch_id is not None:
+                self._unacknowledged.append(o.batch_id)
+            lost = True
+            self._healthy = False
+            self.last_failure = f"{o.what} not acknowledged: {self._describe(failed, self.deadline_s)}"
+            log.error("%s", self.last_failure)
+        return lost
 
 
 # the tick's commands, which go on the Session streams: method -> Command field

@@ -7,15 +7,19 @@ verify + verdict tick). Replies come in order, one per command.
 
 A stream has no per-message deadline, so a Watchdog thread cancels a stream whose reply
 is overdue; the waiting caller then sees DEADLINE_EXCEEDED, as a unary call would. A
-stream that failed (deadline, lost rank, channel closed) stays failed: every later
-command on it answers at once with the same status. The group is unhealthy by then
-and its restart opens fresh streams.
+command may be sent without a deadline of its own (a verdict or a release whose
+acknowledgement is read later, see GrpcShardGroup): its reply is then due by the next
+deadline of a command sent after it, since replies come in order. A stream that failed
+(deadline, lost rank, channel closed) stays failed: every later command on it answers at
+once with the same status. The group is unhealthy by then and its restart opens fresh
+streams.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import grpc
@@ -31,17 +35,23 @@ class Session:
         self.rank = rank
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self.deadline: float | None = None  # monotonic; set while a reply is awaited
+        self.deadline: float | None = None  # monotonic; the earliest deadline of a reply to come
+        self._due: deque[float | None] = deque()  # one entry per reply to come, in order
         self._timed_out = False
         self.failure: tuple[grpc.StatusCode, str, float] | None = None  # (code, details, when)
         # the request iterator ends at None (close)
         self._call = stub.Session(iter(self._requests.get, None))
 
-    def send(self, command: pb.Command, timeout: float) -> None:
+    def send(self, command: pb.Command, timeout: float | None) -> None:
+        """Queue a command; timeout None: its reply has no deadline of its own."""
         if self.failure is None:
             with self._lock:
-                self.deadline = time.monotonic() + timeout
+                self._due.append(None if timeout is None else time.monotonic() + timeout)
+                self._refresh_deadline()
             self._requests.put(command)
+
+    def _refresh_deadline(self) -> None:  # under self._lock
+        self.deadline = next((d for d in self._due if d is not None), None)
 
     def receive(self) -> tuple[Any, grpc.StatusCode | None, str, float]:
         """(reply, None, "", 0) or (None, status code, details, when it failed)."""
@@ -54,7 +64,9 @@ class Session:
         except StopIteration:
             return None, *self._fail(grpc.StatusCode.UNAVAILABLE, "the session stream ended")
         with self._lock:
-            self.deadline = None
+            if self._due:
+                self._due.popleft()
+            self._refresh_deadline()
             late = self._timed_out
         if late:  # cancelled just as the reply came: the stream is gone all the same
             return None, *self._fail(grpc.StatusCode.DEADLINE_EXCEEDED, "")
@@ -65,6 +77,7 @@ class Session:
     def _fail(self, code: grpc.StatusCode, details: str) -> tuple[grpc.StatusCode, str, float]:
         with self._lock:
             self.deadline = None
+            self._due.clear()
             if self._timed_out:  # our own cancel: the rank did not answer in time
                 code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "no answer before the deadline"
         self.failure = (code, details, time.monotonic())

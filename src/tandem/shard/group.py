@@ -32,7 +32,14 @@ class ShardGroup(Protocol):
         ...
 
     def commit(self, verdict: Verdict) -> None:
-        """Send the verdict words to every rank; returns once all have it."""
+        """Send the verdict words to every rank. A group may return before every rank has
+        acknowledged them; settle() then waits for that."""
+        ...
+
+    def settle(self) -> list[int]:
+        """Wait until every rank has acknowledged the verdicts and releases sent so far;
+        returns the batch ids whose verdict some rank did not take (the group is then
+        unhealthy)."""
         ...
 
     def propose(self, cmd: ProposeBatch) -> ProposeResult:

@@ -43,6 +43,9 @@ class LocalShardGroup:
     def commit(self, verdict: Verdict) -> None:
         self.shard.commit(verdict)
 
+    def settle(self) -> list[int]:
+        return []  # an in-process commit is done when it returns
+
     def propose(self, cmd: ProposeBatch) -> ProposeResult:
         return self.shard.propose(cmd)
 

@@ -3,7 +3,8 @@
   1. send the n*k rows to the target in ONE forward;
   2. verdicts for every sequence first (before any emit);
   3. commit: the verdict words go to every rank, which rewind each KV to
-     pre_verify_len + accepted + 1;
+     pre_verify_len + accepted + 1 (a group may read the acknowledgements later:
+     the engine settles them before the tick's outputs leave);
   4. emit the accepted drafts, then the bonus token, nothing past a stop;
   5. adapt, then propose the next drafts (batched, per-sequence fallback).
 
@@ -46,6 +47,9 @@ class StepContext:
     max_verify_failures: int = 3
     draft_cap: int = 0  # this tick's batch-level cap on drafts per sequence
     batch_ids: count = field(default_factory=lambda: count(1))
+    # batch id -> its sequences, for the verdicts of this tick not yet acknowledged by
+    # every rank (the engine settles them before the tick's outputs leave)
+    unsettled: dict[int, list[Sequence]] = field(default_factory=dict)
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
@@ -77,6 +81,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     except ShardError as e:
         _fail(batch, f"verify verdict not delivered: {e}", ctx)
         return
+    ctx.unsettled[cmd.batch_id] = batch
 
     for i, s in enumerate(batch):
         s.verify_failures = 0

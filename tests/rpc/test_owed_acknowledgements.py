@@ -1,0 +1,60 @@
+"""Verdicts and releases go out on the session streams without waiting for their
+acknowledgements; the next command's reply, or settle(), reads them. What that must
+keep: settle() names a batch whose verdict a rank never took, the command sent behind it
+is reported as not run (its sequences were not in that batch), a refused release
+leaves the group healthy."""
+from __future__ import annotations
+
+import pytest
+
+from test_shard_server import BUDGET, SLOTS, InProcessLauncher, batch
+from tandem.errors import ShardError
+from tandem.rpc.grpc_group import GrpcShardGroup
+from tandem.shard.commands import PrefillItem, Verdict
+from tandem.shard.factory import ShardSpec
+
+
+@pytest.fixture
+def group(tiny_model_dir):
+    g = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=SLOTS, max_seq_len=32, row_budget=BUDGET),
+                       InProcessLauncher(), deadline_s=10)
+    yield g
+    g.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_verdict_is_sent_without_waiting_and_settled_before_its_effect_is_relied_on(group):
+    group.prefill([PrefillItem(0, [1, 2, 3]), PrefillItem(1, [4, 5, 6])])
+    group.verify(batch())
+    group.commit(Verdict(1, [2, 1]))
+    assert len(group._owed) == 1, "the verdict's acknowledgement is read later"
+    assert group.settle() == [] and group._owed == [] and group.healthy()
+    # the ranks applied it: the next verify starts where the verdict left each slot
+    res = group.verify(batch(batch_id=2, start_pos=[5, 4]))
+    assert len(res.picks) == 6
+
+
+@pytest.mark.timeout(120)
+def test_a_release_is_acknowledged_with_the_next_command_and_a_refused_one_harms_nothing(group):
+    group.prefill([PrefillItem(0, [1, 2, 3])])
+    group.release([0])
+    group.release([SLOTS + 3])  # every rank refuses it: nothing changed anywhere
+    assert len(group._owed) == 2
+    assert group.prefill([PrefillItem(0, [7, 8])]).next_tokens  # reads both acknowledgements first
+    assert group._owed == [] and group.healthy()
+    assert group.settle() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_verdict_a_lost_rank_never_took_is_named_by_settle_and_the_next_command_did_not_run(group):
+    group.prefill([PrefillItem(0, [1, 2, 3]), PrefillItem(1, [4, 5, 6])])
+    group.verify(batch())
+    group.launcher.servers[0].stop(grace=None)  # the rank dies after its forward
+    group.commit(Verdict(1, [2, 1]))  # returns: the acknowledgement is owed
+    with pytest.raises(ShardError) as info:
+        group.verify(batch(batch_id=2, start_pos=[5, 4]))
+    assert not info.value.state_advanced and info.value.unhealthy
+    assert "lost before it" in str(info.value) and "verdict of batch 1 not acknowledged" in str(info.value)
+    assert group.settle() == [1] and not group.healthy()
+    group.restart()
+    assert group.healthy() and group.prefill([PrefillItem(0, [1, 2])]).next_tokens
