@@ -64,6 +64,7 @@ def run_round(group, ticks: int, batch_ids) -> list[float]:
         t0 = time.perf_counter()
         res = group.verify(cmd)
         group.commit(Verdict(cmd.batch_id, [1] * N))  # keep the last token's row: every slot + 1
+        assert not group.settle()  # every rank's acknowledgement, as the engine waits for it
         times.append((time.perf_counter() - t0) * 1000.0)
         assert len(res.picks) == N * K
         lengths = [n + 1 for n in lengths]

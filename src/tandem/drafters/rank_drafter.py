@@ -43,8 +43,9 @@ class RankDrafter(Protocol):
         ...
 
     def committed(self, slots: list[int]) -> None:
-        """Every sequence of a verify batch has been committed: work the next propose needs
-        may start now (on a GPU it then runs while the scheduler handles the verdict)."""
+        """Every sequence of a verify batch that drafted has been committed: work the next
+        propose needs may start now (on a GPU it then runs while the scheduler handles the
+        verdict)."""
         ...
 
     def release(self, slot: int) -> None:

@@ -152,7 +152,7 @@ class ModelShard:
             if self.drafter is not None:
                 self.drafter.commit(slot, start, w, None if p.feats is None else p.feats[i, :w])
             self._drafts.pop(slot, None)
-        if self.drafter is not None:
+        if self.drafter is not None and k > 1:  # a batch that drafted will likely draft again
             self.drafter.committed(list(p.cmd.slots))
 
     @torch.inference_mode()
