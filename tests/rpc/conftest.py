@@ -1,4 +1,5 @@
-"""Fixtures of the gRPC shard tests: a tiny random Llama folder, an in-process shard server."""
+"""Fixtures of the gRPC shard tests: a tiny random Llama folder, an in-process shard server,
+a one-rank GrpcShardGroup on in-process servers."""
 from __future__ import annotations
 
 import grpc
@@ -38,3 +39,38 @@ def shard_server():
     for server, channel in started:
         channel.close()
         server.stop(grace=None)
+
+
+class InProcessLauncher:
+    """One rank: a shard server in this process, fresh on every start."""
+
+    def __init__(self):
+        self.servers = []
+
+    def start(self) -> list[str]:
+        from tandem.rpc.server import start_shard_server
+
+        self.stop()
+        server, address = start_shard_server("127.0.0.1:0")
+        self.servers.append(server)
+        return [address]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop(grace=None)
+        self.servers = []
+
+
+GROUP_SLOTS, GROUP_BUDGET = 4, 12
+
+
+@pytest.fixture
+def group(tiny_model_dir):
+    """A one-rank GrpcShardGroup on an in-process server: GROUP_SLOTS slots, a row budget of GROUP_BUDGET."""
+    from tandem.rpc.grpc_group import GrpcShardGroup
+    from tandem.shard.factory import ShardSpec
+
+    g = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=GROUP_SLOTS, max_seq_len=32, row_budget=GROUP_BUDGET),
+                       InProcessLauncher(), deadline_s=10)
+    yield g
+    g.close()

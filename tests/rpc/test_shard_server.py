@@ -8,11 +8,10 @@ import pytest
 from tandem.errors import ShapeError, ShardError
 from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
-from tandem.rpc.grpc_group import GrpcShardGroup
 from tandem.shard.commands import GREEDY, PrefillItem, Verdict, VerifyBatch
 from tandem.shard.factory import ShardSpec
 
-SLOTS, BUDGET = 4, 12
+SLOTS, BUDGET = 4, 12  # the `group` fixture's too (conftest: GROUP_SLOTS, GROUP_BUDGET)
 
 
 def init(stub, model_dir: str, drafter: str = "none"):
@@ -106,26 +105,6 @@ def test_a_shard_refuses_commands_before_init_and_faults_unless_enabled(shard_se
 
 # ---- the group's shape validation -------------------------------------------------------
 
-class InProcessLauncher:
-    """One rank: a shard server in this process, fresh on every start."""
-
-    def __init__(self):
-        self.servers = []
-
-    def start(self) -> list[str]:
-        from tandem.rpc.server import start_shard_server
-
-        self.stop()
-        server, address = start_shard_server("127.0.0.1:0")
-        self.servers.append(server)
-        return [address]
-
-    def stop(self) -> None:
-        for server in self.servers:
-            server.stop(grace=None)
-        self.servers = []
-
-
 def batch(**over) -> VerifyBatch:
     fields = dict(batch_id=1, n=2, k=3, slots=[0, 1], start_pos=[3, 3], tokens=[5] * 6, sampling=[GREEDY] * 2)
     fields.update(over)
@@ -144,14 +123,6 @@ SHAPE_TABLE = [
     ("slots in range", batch(slots=[0, SLOTS])),
     ("slots in range", batch(slots=[-1, 0])),
 ]
-
-
-@pytest.fixture
-def group(tiny_model_dir):
-    g = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=SLOTS, max_seq_len=32, row_budget=BUDGET),
-                       InProcessLauncher(), deadline_s=10)
-    yield g
-    g.close()
 
 
 @pytest.mark.timeout(120)

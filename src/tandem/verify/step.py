@@ -12,7 +12,9 @@ Failures: a single in-process rank that raised advanced nothing: the drafts go
 back and are verified next tick (the batch finishes with an error after
 `max_verify_failures` tries in a row). Anything else (a lost or failing rank, a
 deadline, a short result) has had the all-zero verdict sent, and finishes every
-sequence of the batch with an error naming the cause.
+sequence of the batch with an error naming the cause. A verdict some rank never
+acknowledged finishes its batch when the engine settles the tick; a batch whose command
+went out behind it was not run (state_advanced=False) and waits for the recovery.
 """
 from __future__ import annotations
 
