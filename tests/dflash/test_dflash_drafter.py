@@ -217,6 +217,27 @@ def test_the_padded_graph_shapes_draft_what_the_exact_shapes_draft(target, draft
             assert not k2[s, :, n:].any(), f"slot {s} written past its {n} rows"
 
 
+def test_the_block_launched_at_commit_drafts_what_a_fresh_propose_drafts_for_any_subset(target, draft, monkeypatch):
+    # With graphs the block forward runs at commit, from the bonus tokens; a propose for
+    # some of those slots, in any order, reads its rows instead of running again.
+    prompts = random_prompts(4, seed=50, low=2, high=40)
+    for subset in ([2, 0, 3], [1], [0, 1, 2, 3]):
+        eager, padded = tiny_shard(target, draft), tiny_shard(target, draft, cuda_graphs=True)
+        h1, last1 = run_rounds(eager, prompts, rounds=3, num_drafts=5, forced_seed=51)
+        h2, last2 = run_rounds(padded, prompts, rounds=3, num_drafts=5, forced_seed=51)
+        assert padded.drafter._ready is not None, "no block was launched at the last commit"
+        calls = []
+        block = padded.drafter._block
+        monkeypatch.setattr(padded.drafter, "_block", lambda *a: calls.append(a) or block(*a))
+        assert propose(padded, subset, last2, 5) == propose(eager, subset, last1, 5)
+        assert calls == [], "the propose ran the block again"
+    # any change of a slot's state drops the launched block
+    run_rounds(padded, prompts, rounds=1, num_drafts=5, forced_seed=52)
+    assert padded.drafter._ready is not None
+    padded.release([1])
+    assert padded.drafter._ready is None
+
+
 def _gpu_copy(target, draft, dtype):
     import copy
 

@@ -133,7 +133,7 @@ class DraftModelDrafter:
     def commit(self, slot: int, start_pos: int, rows: int, feats=None) -> None:
         self.cache.set_length(slot, min(self.cache.lengths[slot], start_pos + rows))
 
-    def committed(self, slots: list[int]) -> None:
+    def committed(self, slots: list[int], last_tokens: list[int]) -> None:
         pass  # the draft model catches up at its next propose
 
     def release(self, slot: int) -> None:

@@ -42,10 +42,11 @@ class RankDrafter(Protocol):
         trim what the drafter guessed past them. feats: the kept rows' captures, as in prefill."""
         ...
 
-    def committed(self, slots: list[int]) -> None:
-        """Every sequence of a verify batch that drafted has been committed: work the next
-        propose needs may start now (on a GPU it then runs while the scheduler handles the
-        verdict)."""
+    def committed(self, slots: list[int], last_tokens: list[int]) -> None:
+        """Every sequence of a verify batch that drafted has been committed, and last_tokens
+        are the tokens each emitted last (its bonus token, the next propose's last token):
+        work the next propose needs may start now (on a GPU it then runs while the scheduler
+        handles the verdict)."""
         ...
 
     def release(self, slot: int) -> None:

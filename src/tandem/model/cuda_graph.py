@@ -33,8 +33,11 @@ class CapturedGraph:
             self.outputs = body()
 
     def run(self, host_inputs: torch.Tensor):
-        self.inputs.copy_(host_inputs)
         if self.graph is None:
+            self.inputs.copy_(host_inputs)
             return self.body()
+        # From pinned memory the copy is queued like the replay: the host goes on at once
+        # (a pageable copy would first wait for everything queued before it).
+        self.inputs.copy_(host_inputs.pin_memory(), non_blocking=True)
         self.graph.replay()
         return self.outputs

@@ -35,6 +35,7 @@ class _Pending:
 
     cmd: VerifyBatch
     feats: torch.Tensor | None  # the captured layers side by side, [n, k, len(capture) * H]
+    picks: list[int] | None = None  # rank 0's pick for every row
 
 
 class ModelShard:
@@ -120,7 +121,7 @@ class ModelShard:
             if pos + cmd.k > self.cache.max_seq_len:
                 raise ShapeError("context", f"slot {slot}: {pos}+{cmd.k} rows exceed the context {self.cache.max_seq_len}")
         self._check_tokens(cmd.tokens)
-        rows = torch.tensor(cmd.tokens, dtype=torch.long, device=self.device).view(cmd.n, cmd.k)
+        rows = _to_device(torch.tensor(cmd.tokens, dtype=torch.long), self.device).view(cmd.n, cmd.k)
         out = None
         if self.graphs is not None:
             out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.slots), list(cmd.start_pos), self.capture)
@@ -131,7 +132,8 @@ class ModelShard:
         if self.rank != 0:
             return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
         q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
-        picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q)
+        picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q, tokens=list(cmd.tokens))
+        self.pending.picks = picks
         return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
 
     def commit(self, verdict: Verdict) -> None:
@@ -152,8 +154,10 @@ class ModelShard:
             if self.drafter is not None:
                 self.drafter.commit(slot, start, w, None if p.feats is None else p.feats[i, :w])
             self._drafts.pop(slot, None)
-        if self.drafter is not None and k > 1:  # a batch that drafted will likely draft again
-            self.drafter.committed(list(p.cmd.slots))
+        if self.drafter is not None and k > 1 and p.picks is not None:  # a batch that drafted will likely again
+            # each sequence's last emitted token: its pick after the kept drafts (the bonus)
+            bonus = [p.picks[i * k + w - 1] for i, w in enumerate(verdict.words)]
+            self.drafter.committed(list(p.cmd.slots), bonus)
 
     @torch.inference_mode()
     def propose(self, cmd: ProposeBatch) -> ProposeResult:
@@ -271,3 +275,11 @@ class ModelShard:
                 hidden[layer].append(out.hidden[layer][0])
         captured = {layer: torch.cat(h) for layer, h in hidden.items()} if self.capture else None
         return last_logits, captured
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU through pinned memory, queued without waiting for
+    the work already queued there."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

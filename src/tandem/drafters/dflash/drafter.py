@@ -97,6 +97,9 @@ class DFlashDrafter:
         self.written = [0] * num_slots  # context positions in the cache
         self.length = [0] * num_slots  # positions whose target rows are known (written + pending)
         self.pending: dict[int, list[tuple[int, torch.Tensor]]] = {}  # slot -> [(start, feats [r, nL*H])]
+        # A block forward launched at commit for the next propose: slot -> (its row, start,
+        # last token), and the outputs (logits, picks). Any change of a slot drops it.
+        self._ready: tuple[dict[int, tuple[int, int, int]], torch.Tensor, torch.Tensor] | None = None
 
     # ---- RankDrafter --------------------------------------------------------------------
 
@@ -107,14 +110,23 @@ class DFlashDrafter:
     def commit(self, slot: int, start_pos: int, rows: int, feats: torch.Tensor | None) -> None:
         self._append(slot, start_pos, rows, feats)
 
-    def committed(self, slots: list[int]) -> None:
-        # On a GPU the kept rows go into the context now: the flush is queued without a
-        # host sync and runs while the scheduler walks the verdict, instead of inside the
-        # next propose. On the CPU they wait, to be folded in with later commits.
-        if self._capture:
-            self._flush(slots)
+    @torch.inference_mode()
+    def committed(self, slots: list[int], last_tokens: list[int]) -> None:
+        # With graphs (a GPU) the next propose's work starts now, queued without a host
+        # sync: the kept rows go into the context and the block forward runs from the bonus
+        # tokens, while the scheduler walks the verdict; the propose then only reads the
+        # drafts. Without graphs (the CPU) the rows wait, folded in with later commits.
+        if self.graphs is None:
+            return
+        self._flush(slots)
+        starts = [self.length[s] for s in slots]
+        if len(slots) > self.propose_batch_max or max(starts) + self.block_size > self.max_seq_len:
+            return
+        logits, picks = self._block(slots, starts, last_tokens)
+        self._ready = ({s: (i, p, t) for i, (s, p, t) in enumerate(zip(slots, starts, last_tokens))}, logits, picks)
 
     def release(self, slot: int) -> None:
+        self._ready = None
         self.written[slot] = 0
         self.length[slot] = 0
         self.pending.pop(slot, None)
@@ -138,7 +150,8 @@ class DFlashDrafter:
         self._flush(slots)
         B = self.block_size
         starts = [len(h) for h in histories]
-        logits, picks = self._block(slots, starts, last_tokens)  # [n, B-1, V'] float32, [n, B-1]
+        ready = self._take_ready(slots, starts, last_tokens)
+        logits, picks = ready or self._block(slots, starts, last_tokens)  # [n, B-1, V'] float32, [n, B-1]
         drafts = (picks if self.draft_vocab is None else self.draft_vocab[picks]).tolist()
         q_out: list[torch.Tensor | None] = [None] * n
         for i, spec in enumerate(sampling):
@@ -153,6 +166,25 @@ class DFlashDrafter:
                 drafts[i] = picked.tolist()
                 q_out[i] = q
         return [d[: max(0, min(g, B - 1))] for d, g in zip(drafts, num_drafts)], q_out
+
+    def _take_ready(self, slots: list[int], starts: list[int], last_tokens: list[int]):
+        """The block forward launched at commit, when it covers these slots at these
+        positions and last tokens (its rows in this order); else None."""
+        ready, self._ready = self._ready, None
+        if ready is None:
+            return None
+        where, logits, picks = ready
+        rows = []
+        for slot, start, last in zip(slots, starts, last_tokens):
+            entry = where.get(slot)
+            if entry is None or entry[1:] != (start, last):
+                return None
+            rows.append(entry[0])
+        if rows == list(range(len(where))):
+            return logits, picks
+        idx = torch.tensor(rows, dtype=torch.long)
+        idx = idx.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else idx
+        return logits.index_select(0, idx), picks.index_select(0, idx)
 
     # ---- the block forward: eager, or replayed from a CUDA graph ---------------------------
 
@@ -203,6 +235,7 @@ class DFlashDrafter:
     def _append(self, slot: int, start: int, rows: int, feats: torch.Tensor | None) -> None:
         """Keep target rows (feats [rows, nL*H]) for positions start..start+rows-1, dropping
         whatever the slot held from `start` on."""
+        self._ready = None
         width = len(self.capture_layers) * self.model.config.hidden_size
         if feats is None or feats.dim() != 2 or feats.shape[1] != width:
             raise ValueError(f"dflash: slot {slot} got no captured rows of layers {self.capture_layers} "
