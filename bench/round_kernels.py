@@ -89,7 +89,7 @@ class Rounds:
             with record_function("commit"):
                 shard.commit(Verdict(batch_id=self.batch_id, words=[min(KEEP, k)] * n))
             t3 = time.perf_counter()
-            last = [res.picks[i * k] for i in range(n)]
+            last = [res.picks[i * k + min(KEEP, k) - 1] for i in range(n)]  # the bonus token, as the engine emits
             times["propose"].append((t1 - t0) * 1e3)
             times["verify"].append((t2 - t1) * 1e3)
             times["commit"].append((t3 - t2) * 1e3)
