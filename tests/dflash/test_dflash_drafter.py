@@ -238,6 +238,26 @@ def test_the_block_launched_at_commit_drafts_what_a_fresh_propose_drafts_for_any
     assert padded.drafter._ready is None
 
 
+def test_a_block_that_fails_at_commit_leaves_the_verdict_and_the_propose_runs_it(target, draft, monkeypatch):
+    eager, padded = tiny_shard(target, draft), tiny_shard(target, draft, cuda_graphs=True)
+    prompts = random_prompts(3, seed=60, low=2, high=30)
+    h1, last1 = run_rounds(eager, prompts, rounds=2, num_drafts=5, forced_seed=61)
+    block = padded.drafter._block
+    calls = []
+
+    def flaky(*a):  # the first round's propose runs the block, then its commit does: that one fails
+        calls.append(a)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        return block(*a)
+
+    monkeypatch.setattr(padded.drafter, "_block", flaky)
+    h2, last2 = run_rounds(padded, prompts, rounds=2, num_drafts=5, forced_seed=61)
+    assert len(calls) >= 3 and (h1, last1) == (h2, last2)  # the second propose ran the block itself
+    slots = [0, 1, 2]
+    assert propose(padded, slots, last2, 5) == propose(eager, slots, last1, 5)
+
+
 def _gpu_copy(target, draft, dtype):
     import copy
 

@@ -19,12 +19,15 @@ its context, so a rejection needs no rewind beyond the commit's trim.
 
 On a GPU a propose is launch-bound (a few hundred small kernels for one block), so the
 block forward and the flush replay CUDA graphs captured per shape bucket (below): on an
-H200 a batch-1 propose went from ~35 ms eager to ~1 ms. The drafter's dtype may differ
+H200 a batch-1 propose went from ~35 ms eager to ~1 ms. With graphs, both are queued
+already at the commit of a batch that drafted (`committed`), from each sequence's bonus
+token: they run while the scheduler walks the verdict, and the propose reads the rows. The drafter's dtype may differ
 from the target's (build_dflash_drafter runs it in bf16 beside a float32 target on a CPU
 with native bf16 matmuls); its head is then a copy of the target's rows in its dtype.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -43,6 +46,8 @@ from tandem.shard.commands import SamplingSpec
 CTX_BUCKET = 256
 FLUSH_MAX_ROWS = 512
 PENDING_MAX = 32  # commits a slot keeps pending before they are folded into its context
+
+log = logging.getLogger("tandem.drafters.dflash")
 
 
 class DFlashDrafter:
@@ -118,11 +123,16 @@ class DFlashDrafter:
         # drafts. Without graphs (the CPU) the rows wait, folded in with later commits.
         if self.graphs is None:
             return
-        self._flush(slots)
-        starts = [self.length[s] for s in slots]
-        if len(slots) > self.propose_batch_max or max(starts) + self.block_size > self.max_seq_len:
+        try:
+            self._flush(slots)
+            starts = [self.length[s] for s in slots]
+            if len(slots) > self.propose_batch_max or max(starts) + self.block_size > self.max_seq_len:
+                return
+            logits, picks = self._block(slots, starts, last_tokens)
+        except Exception as e:  # noqa: BLE001 - the verdict stands; the next propose runs the block itself
+            log.warning("dflash: the block forward at commit failed (%s); the propose will run it", e)
+            self._ready = None
             return
-        logits, picks = self._block(slots, starts, last_tokens)
         self._ready = ({s: (i, p, t) for i, (s, p, t) in enumerate(zip(slots, starts, last_tokens))}, logits, picks)
 
     def release(self, slot: int) -> None:
@@ -151,7 +161,7 @@ class DFlashDrafter:
         B = self.block_size
         starts = [len(h) for h in histories]
         ready = self._take_ready(slots, starts, last_tokens)
-        logits, picks = ready or self._block(slots, starts, last_tokens)  # [n, B-1, V'] float32, [n, B-1]
+        logits, picks = ready if ready is not None else self._block(slots, starts, last_tokens)  # [n, B-1, V'], [n, B-1]
         drafts = (picks if self.draft_vocab is None else self.draft_vocab[picks]).tolist()
         q_out: list[torch.Tensor | None] = [None] * n
         for i, spec in enumerate(sampling):
