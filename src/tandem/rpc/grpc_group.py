@@ -418,6 +418,8 @@ class GrpcShardGroup:
         """Read the replies of the commands sent without waiting, oldest first; whether one
         failed (the group is then unhealthy; a verdict's batch is kept for settle)."""
         owed, self._owed = self._owed, []
+        for rank in sorted({rank for o in owed for rank in o.ranks}):
+            self._sessions[rank].awaiting(self.deadline_s)  # waited for now: a hung rank times out
         lost = False
         for o in owed:
             replies = [self._receive(rank) for rank in o.ranks]

@@ -9,7 +9,8 @@ A stream has no per-message deadline, so a Watchdog thread cancels a stream whos
 is overdue; the waiting caller then sees DEADLINE_EXCEEDED, as a unary call would. A
 command may be sent without a deadline of its own (a verdict or a release whose
 acknowledgement is read later, see GrpcShardGroup): its reply is then due by the next
-deadline of a command sent after it, since replies come in order. A stream that failed
+deadline of a command sent after it, since replies come in order, or by the deadline
+awaiting() sets once the caller waits for it. A stream that failed
 (deadline, lost rank, channel closed) stays failed: every later command on it answers at
 once with the same status. The group is unhealthy by then and its restart opens fresh
 streams.
@@ -49,6 +50,14 @@ class Session:
                 self._due.append(None if timeout is None else time.monotonic() + timeout)
                 self._refresh_deadline()
             self._requests.put(command)
+
+    def awaiting(self, timeout: float) -> None:
+        """The caller now waits for every reply still to come: a reply sent without a
+        deadline gets one, so a rank that stopped answering is cancelled, not waited for."""
+        with self._lock:
+            due = time.monotonic() + timeout
+            self._due = deque(due if d is None else d for d in self._due)
+            self._refresh_deadline()
 
     def _refresh_deadline(self) -> None:  # under self._lock
         self.deadline = next((d for d in self._due if d is not None), None)
