@@ -233,8 +233,7 @@ class BatchCostModel:
         plain, full = self.estimate(n), self.estimate(n * (g + 1))
         if plain is None or full is None or g <= 0 or plain <= 0:
             return 0.0
-        row = max(0.0, full - plain) / (n * g)
-        return g * row * n / plain
+        return max(0.0, full - plain) / plain  # g * (full - plain) / (n g), over plain / n
 
     def _prefill_is_compute(self) -> bool:
         """Whether the prefill's cost per row can be a compute rate: only if no measured

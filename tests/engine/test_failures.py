@@ -36,6 +36,16 @@ class FlakyGroup:
         return getattr(self.inner, name)
 
 
+def finish_all(engine, request_ids, ticks: int = 100) -> dict:
+    """Step until these requests have finished (at most `ticks` ticks); their final outputs."""
+    final = {}
+    for _ in range(ticks):
+        final.update({o.request_id: o for o in engine.step() if o.finished and o.request_id in request_ids})
+        if len(final) == len(request_ids):
+            break
+    return final
+
+
 def _run(engine, prompts, params):
     return engine.generate(prompts, params)
 
@@ -83,10 +93,7 @@ def test_a_short_result_finishes_only_its_batch(make_engine, local_group):
     flaky.mode, flaky.failures_left = "short", 1
     final = {o.request_id: o for o in engine.step() if o.finished}  # the victim's batch gets the short result
     other = engine.add_request(PROMPTS[4], params)
-    for _ in range(100):
-        final.update({o.request_id: o for o in engine.step() if o.finished})
-        if len(final) == 2:
-            break
+    final.update(finish_all(engine, [other]))
     assert final[victim].finish_reason == "error" and "short result" in final[victim].error
     assert final[other].token_ids == reference
 
@@ -129,9 +136,5 @@ def test_a_verdict_no_rank_acknowledged_finishes_its_batch_before_any_of_its_out
     # the tick's tokens never went out as a success: the client saw the prefill token, then the error
     assert len(first) == 1 and not first[0].finished
     other = engine.add_request(PROMPTS[4], params)
-    final = None
-    for _ in range(100):
-        final = next((o for o in engine.step() if o.request_id == other and o.finished), None)
-        if final:
-            break
+    final = finish_all(engine, [other])[other]
     assert final.finish_reason == "length" and final.token_ids == reference

@@ -92,6 +92,11 @@ class FusedLinears:
         out = self.joint(x)
         return list(out.split(self._sizes, dim=-1)) if out is not None else [layer(x) for layer in self.layers]
 
+    def joined(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers' outputs side by side: one GEMM where fused, else each layer's, joined."""
+        out = self.joint(x)
+        return out if out is not None else torch.cat([layer(x) for layer in self.layers], dim=-1)
+
     def joint(self, x: torch.Tensor) -> torch.Tensor | None:
         """The layers' outputs side by side ([..., sum of out_features]) from one GEMM, or None
         where they must run one by one."""

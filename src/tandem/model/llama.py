@@ -95,9 +95,7 @@ class Attention(nn.Module):
         # Head counts come from the weights, so a tensor-parallel shard needs no other change.
         hq, hkv = self.q_proj.out_features // d, self.k_proj.out_features // d
         g = hq // hkv
-        qkv = self.qkv.joint(x)
-        if qkv is None:
-            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        qkv = self.qkv.joined(x)
         # q and k side by side: one rotation for both (half the kernels of two)
         qk = qkv[..., : (hq + hkv) * d].view(n, k, hq + hkv, d)
         value = qkv[..., (hq + hkv) * d :].view(n, k, hkv, d)

@@ -19,21 +19,20 @@ from tandem.shard.commands import SamplingSpec
 
 def pick_rows(
     logits: torch.Tensor,  # [n, k, V]
-    rows: torch.Tensor,  # [n, k] the row tokens: last token, then drafts
+    rows: torch.Tensor,  # [n, k] the row tokens: last token, then drafts (host or device)
     start_pos: list[int],  # [n]
     sampling: list[SamplingSpec],  # [n]
     draft_probs: list[torch.Tensor | None],  # [n] each [k-1, V] or None (one-hot)
-    tokens: list[int] | None = None,  # rows on the host, if the caller has them
 ) -> tuple[list[int], list[float]]:
     n, k, vocab = logits.shape
     picks = logits.argmax(dim=-1)  # [n, k]
     if all(spec.greedy for spec in sampling):
         # a draft passes iff it is the pick: compared on the host, no more device work
         flat = picks.flatten().tolist()
-        tokens = tokens if tokens is not None else rows.flatten().tolist()
+        tokens = rows.flatten().tolist()
         accept = [float(j < k - 1 and tokens[i * k + j + 1] == flat[i * k + j]) for i in range(n) for j in range(k)]
         return flat, accept
-    drafts = rows[:, 1:]  # [n, k-1]
+    drafts = rows.to(logits.device)[:, 1:]  # [n, k-1]
     accept = torch.zeros(n, k, dtype=torch.float32, device=logits.device)
     accept[:, :-1] = (drafts == picks[:, :-1]).float()
     for i, spec in enumerate(sampling):

@@ -121,18 +121,18 @@ class ModelShard:
             if pos + cmd.k > self.cache.max_seq_len:
                 raise ShapeError("context", f"slot {slot}: {pos}+{cmd.k} rows exceed the context {self.cache.max_seq_len}")
         self._check_tokens(cmd.tokens)
-        rows = _to_device(torch.tensor(cmd.tokens, dtype=torch.long), self.device).view(cmd.n, cmd.k)
+        rows = torch.tensor(cmd.tokens, dtype=torch.long).view(cmd.n, cmd.k)  # on the host
         out = None
         if self.graphs is not None:
             out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.slots), list(cmd.start_pos), self.capture)
         if out is None:
-            out = self._forward(rows, cmd.slots, cmd.start_pos)
+            out = self._forward(_to_device(rows, self.device), cmd.slots, cmd.start_pos)
         # one concatenation for the batch, not one a sequence at commit (queued, no sync)
         self.pending = _Pending(cmd=cmd, feats=self._joined(out.hidden))
         if self.rank != 0:
             return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
         q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
-        picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q, tokens=list(cmd.tokens))
+        picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q)
         self.pending.picks = picks
         return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
 
