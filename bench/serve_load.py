@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where both sides' target runs: auto = a GPU if there is one (the shard actors then take one each)")
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--through-proxy", action="store_true",
+                    help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per concurrency and side (at least 6 at one client, so its latency has a median): "
                          "latencies pool every run's requests, tokens/s keeps the best run")
@@ -187,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.actors import init_local_ray
     from tandem.engine import Engine
     from tandem.serve import build_app
+    from tandem.serve.direct_http import start_serve, use_direct_http
 
+    if not args.through_proxy:
+        use_direct_http(args.port)  # as `tandem serve` runs it: HTTP from the replica itself
     init_local_ray(log_to_driver=False, num_gpus=torch.cuda.device_count() if gpu else None)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    start_serve("127.0.0.1", args.port)
     serve.run(build_app({
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
         "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,

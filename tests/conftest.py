@@ -15,6 +15,20 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")
+def ray_cluster() -> int:
+    """ONE local Ray cluster for the session (tests/actors and tests/serve share it); the
+    port a served app answers on: its replica serves HTTP itself, as under `tandem serve`."""
+    from tandem.actors import init_local_ray
+    from tandem.serve.direct_http import free_port, use_direct_http
+
+    port = free_port()
+    use_direct_http(port)
+    init_local_ray(log_to_driver=False)
+    yield port
+    # Ray's own exit hook stops the cluster (and Serve with it) when the session ends.
+
+
+@pytest.fixture(scope="session")
 def default_model():
     """The default model (SmolLM2-135M-Instruct from its PyPI package), float32 on the CPU."""
     from tandem.model.loader import load_model

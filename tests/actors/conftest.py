@@ -1,5 +1,5 @@
-"""One local Ray cluster (shared with tests/serve when both run) and ONE engine of two
-shard actors (tensor parallel 2) for the session.
+"""ONE engine of two shard actors (tensor parallel 2) for the session, on the session's
+Ray cluster (tests/conftest.py).
 
 The engine drafts nothing and its row budget is one row, so every running sequence is
 its own verify batch, verified in admission order: a test can tell which batch a lost
@@ -9,14 +9,6 @@ from __future__ import annotations
 import pytest
 
 TP2_ENGINE_NAME = "tandem-test-tp2"
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    from tandem.actors import init_local_ray
-
-    init_local_ray(log_to_driver=False)
-    yield
 
 
 @pytest.fixture(scope="session")

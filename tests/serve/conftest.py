@@ -1,8 +1,8 @@
-"""ONE local Ray cluster and ONE served app for the whole session (starting them takes
-most of these tests' time): the default model, one shard actor, n-gram drafting."""
+"""ONE served app for the whole session, on the session's Ray cluster (tests/conftest.py);
+starting it takes most of these tests' time: the default model, one shard actor, n-gram
+drafting."""
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass
 
@@ -22,30 +22,16 @@ class Server:
         return self.base_url + "/v1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    from tandem.actors import init_local_ray
-
-    init_local_ray(log_to_driver=False)
-    yield
-    # Ray's own exit hook stops the cluster (and Serve with it) when the session ends.
-
-
 @pytest.fixture(scope="session")
 def server(ray_cluster) -> Server:
     import httpx
     from ray import serve
 
     from tandem.serve import build_app
+    from tandem.serve.direct_http import start_serve
 
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port = ray_cluster
+    start_serve("127.0.0.1", port)
     app = build_app({
         "model": "smollm2",
         "drafter": "ngram",

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import _free_port
+from tandem.serve.direct_http import free_port as _free_port
 
 
 def _start(port: int) -> tuple[subprocess.Popen, list[str]]:

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tandem.actors.cluster import init_local_ray
     from tandem.serve.app import build_app
+    from tandem.serve.direct_http import start_serve, use_direct_http
 
     try:
         app_args = serve_args(args)  # validate before starting anything
@@ -90,11 +91,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"tandem serve: {validation_message(e)}", file=sys.stderr)
         return 2
     stop = threading.Event()
+    if args.address is None:
+        use_direct_http(args.port)  # the cluster we start serves HTTP from the replica itself
     started = init_local_ray(address=args.address, num_cpus=args.num_cpus)
     # after ray.init, which installs its own SIGTERM handler
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        start_serve(args.host, args.port)
         serve.run(build_app(app_args), name="tandem", route_prefix="/", blocking=False)
         shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         print(f"tandem: serving {app_args.model or 'smollm2'} at http://{shown}:{args.port}/v1 (Ctrl-C to stop)", flush=True)

@@ -1,0 +1,251 @@
+"""Load on the served app vs the embedded engine at the same batch.
+
+    python bench/serve_load.py [--concurrency 1 16 64] [--max-tokens 32] [--shards 1]
+
+For each concurrency C, C streaming clients start at once on loopback (OpenAI
+/v1/completions, stream: true, greedy, ignore_eos so every request makes exactly
+max_tokens tokens), and the same C requests go into an embedded Engine (one process,
+same config, all added at once, stepped in a loop) and through the Python handle of the
+served engine (Ray streaming generators without HTTP or Serve, to show where the time
+goes); the three alternate, so a change in the machine's load hits all alike. Per request:
+
+    ttft  time to first token: request sent -> first text chunk
+    itl   inter-token latency: (last chunk - first chunk) / (tokens - 1)
+    tokens/s  all completion tokens / (first request sent -> last request done)
+
+Prints a short table, then one JSON line whose keys per concurrency include
+added_latency_ms_p50 (served p50 TTFT - embedded p50 TTFT, the per-request overhead of
+HTTP + Serve + Ray + gRPC) and tokens_per_s_ratio (served / embedded). Targets: at most
+10 ms added p50 latency and a ratio of at least 0.9.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+PROMPTS = [
+    "The history of the printing press begins",
+    "def quicksort(items):",
+    "Here is a recipe for a simple tomato soup:",
+    "The three laws of thermodynamics are",
+    "Once upon a time, in a small village by the sea,",
+    "A list of the planets in our solar system:",
+    "To configure a Linux firewall, first",
+    "The main differences between Python and Rust are",
+]
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    i = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
+    return xs[i]
+
+
+def summary(ttft: list[float], itl: list[float], tokens: int, wall: float) -> dict:
+    return {"ttft": ttft, "itl": itl, "tokens_per_s": tokens / wall if wall > 0 else 0.0}
+
+
+def combine(runs: list[dict]) -> dict:
+    """Several runs of one side at one concurrency: latency percentiles over every request
+    of every run, and the best run's tokens/s (interference only ever slows a run down)."""
+    ttft = [x for r in runs for x in r["ttft"]]
+    itl = [x for r in runs for x in r["itl"]]
+    return {
+        "ttft_ms_p50": 1000 * pct(ttft, 50),
+        "ttft_ms_p99": 1000 * pct(ttft, 99),
+        "itl_ms_p50": 1000 * pct(itl, 50),
+        "itl_ms_p99": 1000 * pct(itl, 99),
+        "tokens_per_s": max(r["tokens_per_s"] for r in runs),
+        "requests": len(ttft),
+    }
+
+
+# ---- embedded ----------------------------------------------------------------------------
+
+
+def run_embedded(engine, n: int, max_tokens: int) -> dict:
+    from tandem.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    ids = [engine.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(n)]
+    first, last, ntok = {}, {}, {}
+    while len(last) < n:
+        for out in engine.step():
+            now = time.perf_counter()
+            if out.delta_token_ids and out.request_id not in first:
+                first[out.request_id] = now
+            if out.finished:
+                last[out.request_id] = now
+                ntok[out.request_id] = len(out.token_ids)
+    wall = max(last.values()) - t0
+    ttft = [first[i] - t0 for i in ids]
+    itl = [(last[i] - first[i]) / max(1, ntok[i] - 1) for i in ids]
+    return summary(ttft, itl, sum(ntok.values()), wall)
+
+
+# ---- served ------------------------------------------------------------------------------
+
+
+async def one_stream(client, url: str, model: str, prompt: str, max_tokens: int, t0: float) -> tuple[float, float, int]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            now = time.perf_counter()
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                first = first or now
+                last = now
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first - t0, (last - first) / max(1, tokens - 1), tokens
+
+
+async def run_served_async(base: str, model: str, n: int, max_tokens: int) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await one_stream(client, base + "/v1/completions", model, PROMPTS[0], 4, time.perf_counter())  # warm connections
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(
+            one_stream(client, base + "/v1/completions", model, PROMPTS[i % len(PROMPTS)], max_tokens, t0) for i in range(n)
+        ))
+        wall = time.perf_counter() - t0
+    return summary([r[0] for r in results], [r[1] for r in results], sum(r[2] for r in results), wall)
+
+
+async def run_handle_async(handle, n: int, max_tokens: int) -> dict:
+    """The same load through the Python handle (Ray streaming generators, no HTTP/Serve)."""
+    from tandem.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    async def one(prompt: str, t0: float):
+        first = last = None
+        tokens = 0
+        async for out in handle.astream(prompt, params):
+            now = time.perf_counter()
+            if out.delta_token_ids:
+                first = first or now
+                last = now
+            tokens = len(out.token_ids)
+        return first - t0, (last - first) / max(1, tokens - 1), tokens
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(PROMPTS[i % len(PROMPTS)], t0) for i in range(n)))
+    wall = time.perf_counter() - t0
+    return summary([r[0] for r in results], [r[1] for r in results], sum(r[2] for r in results), wall)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--drafter", default="ngram")
+    ap.add_argument("--shards", type=int, default=1, help="tensor parallel ranks of the served engine (shard actors)")
+    ap.add_argument("--in-process-target", action="store_true", help="serve with the rank inside the scheduler actor (no gRPC)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the embedded engine and of each shard actor (the same on both sides: on a "
+                         "shared CPU, 2-thread OpenMP can run many times slower than 1)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where both sides' target runs: auto = a GPU if there is one (the shard actors then take one each)")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs per concurrency and side (at least 6 at one client, so its latency has a median): "
+                         "latencies pool every run's requests, tokens/s keeps the best run")
+    args = ap.parse_args(argv)
+    max_seqs = max(args.concurrency)
+    import torch
+
+    gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = "cuda" if gpu else "cpu"
+    engine_cfg = dict(model=args.model, drafter=args.drafter, max_num_seqs=max_seqs, max_seq_len=512, device=device)
+
+    import ray
+    from ray import serve
+
+    from tandem.actors import init_local_ray
+    from tandem.engine import Engine
+    from tandem.serve import build_app
+
+    init_local_ray(log_to_driver=False, num_gpus=torch.cuda.device_count() if gpu else None)
+    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    serve.run(build_app({
+        **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
+        "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
+        "engine_actor_name": "tandem-bench", "shard_num_gpus": 1.0 if gpu else 0.0, "served_model_name": args.model,
+    }), name="tandem", route_prefix="/", blocking=False)
+    from tandem.actors import connect
+
+    handle = connect("tandem-bench")
+    base = os.environ.get("SERVED_BASE", f"http://127.0.0.1:{args.port}")
+    torch.set_num_threads(args.threads)
+    engine = Engine.from_config(progress=False, **engine_cfg)
+    # All stay up; the runs alternate (embedded, handle, served, embedded, ...) so that a
+    # change in the machine's load hits all alike.
+    sides = {
+        "embedded": lambda c: run_embedded(engine, c, args.max_tokens),
+        "handle": lambda c: asyncio.run(run_handle_async(handle, c, args.max_tokens)),
+        "served": lambda c: asyncio.run(run_served_async(base, args.model, c, args.max_tokens)),
+    }
+    runs: dict[str, dict[int, list]] = {side: {c: [] for c in args.concurrency} for side in sides}
+    try:
+        run_embedded(engine, 1, 4)  # warm up
+        asyncio.run(run_served_async(base, args.model, 1, 4))
+        for c in args.concurrency:
+            if gpu:  # each batch shape's CUDA graphs are captured once, untimed
+                for run in sides.values():
+                    run(c)
+            for _ in range(max(args.repeats, 6) if c == 1 else args.repeats):
+                for side, run in sides.items():
+                    runs[side][c].append(run(c))
+    finally:
+        engine.close()
+        serve.shutdown()
+        ray.shutdown()
+
+    print(f"{'C':>3} {'where':>8} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>8}")
+    best = {side: {c: combine(rs) for c, rs in by_c.items()} for side, by_c in runs.items()}
+    embedded, served = best["embedded"], best["served"]
+    result = {}
+    for c in args.concurrency:
+        for where in sides:
+            s = best[where][c]
+            print(f"{c:>3} {where:>8} {s['ttft_ms_p50']:>9.1f} {s['ttft_ms_p99']:>9.1f} {s['itl_ms_p50']:>8.1f} "
+                  f"{s['itl_ms_p99']:>8.1f} {s['tokens_per_s']:>8.1f}")
+        e, s = embedded[c], served[c]
+        result[str(c)] = {
+            "added_latency_ms_p50": round(s["ttft_ms_p50"] - e["ttft_ms_p50"], 2),
+            "added_itl_ms_p50": round(s["itl_ms_p50"] - e["itl_ms_p50"], 2),
+            "tokens_per_s_ratio": round(s["tokens_per_s"] / e["tokens_per_s"], 3) if e["tokens_per_s"] else None,
+            "served": {k: round(v, 2) for k, v in s.items()},
+            "handle": {k: round(v, 2) for k, v in best["handle"][c].items()},
+            "embedded": {k: round(v, 2) for k, v in e.items()},
+        }
+    print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "device": device,
+                      "concurrency": result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
