@@ -3,6 +3,12 @@
 step() is one tick: recover the shard group if it was lost, admit waiting requests
 (prefill), then one verify step per batch of sequences with the same draft count.
 Requests join and leave between ticks (continuous batching).
+
+A tick's outputs leave only once every rank has acknowledged its verdicts. By default
+step() waits for that and returns them. A caller that sets `emit` (the scheduler actor)
+lets a group whose acknowledgements come later (gRPC sessions) keep the round trip off
+the tick: the outputs are held, and `emit` gets them from inside the next tick as soon
+as the acknowledgements are read, while that tick's first command runs on the ranks.
 """
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import logging
 import secrets
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Callable, Iterator, Sequence as Seq
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel, expected_tokens
 from tandem.batching import plan_cost
@@ -74,6 +80,11 @@ class Engine:
         self._ids = 0
         self.recovering = False
         self._prefill_tick = False  # the last tick only admitted (see step)
+        # Called from inside step() (on its thread) with outputs held from the tick before;
+        # None: every output comes back from step() (see the module's docstring).
+        self.emit: Callable[[list[RequestOutput]], None] | None = None
+        self._held: list[RequestOutput] | None = None  # the last tick's outputs, verdicts unacknowledged
+        group.on_acknowledged = self._acknowledged
 
     # ---- building -----------------------------------------------------------------------
 
@@ -158,7 +169,7 @@ class Engine:
             return True
 
     def has_unfinished(self) -> bool:
-        return bool(self._inbox) or self.scheduler.has_work
+        return bool(self._inbox) or self.scheduler.has_work or self._held is not None
 
     # ---- the tick -----------------------------------------------------------------------
 
@@ -167,32 +178,66 @@ class Engine:
             with self._submit_lock:
                 while self._inbox:
                     self.scheduler.add(self._inbox.popleft())
+            earlier = []  # outputs held from the last tick that no acknowledgement released
             if not self.group.healthy():
+                earlier = self._flush_held()
                 self._recover()
             if self._admit() and not self._prefill_tick:
                 # The new sequences' first tokens go out now: their time to first token is
                 # their prefill, not prefill + the batch's verify. At most every other tick,
                 # so a steady stream of arrivals cannot hold the running sequences back.
                 self._prefill_tick = True
-                return self._collect()
+                return earlier + self._flush_held() + self._collect()
             self._prefill_tick = False
             self.ctx.draft_cap = self._draft_cap()
             for batch in self.scheduler.verify_batches(self.ctx.cost.estimate, self.adaptive.block):
                 verify_step(batch, self.ctx)
                 if not self.group.healthy():
                     break  # the rest wait for the recovery next tick
+            earlier += self._flush_held()
+            if self.emit is not None and self.group.owes_acknowledgements():
+                self._held = self._collect()  # released by _acknowledged during the next tick
+                return earlier
             self._settle()
-            return self._collect()
+            return earlier + self._collect()
 
     def _settle(self) -> None:
-        """Wait until every rank has acknowledged this tick's verdicts: no output leaves
+        """Wait until every rank has acknowledged the verdicts sent so far: no output leaves
         before. A batch whose verdict some rank did not take finishes with an error (a
-        sequence that finished in that tick anyway keeps its tokens: none follow)."""
+        sequence that finished in that tick anyway keeps its tokens: none follow), and
+        its held outputs are dropped."""
         lost = self.group.settle()
+        failed = set()
         for batch_id in lost:
             for s in self.ctx.unsettled.get(batch_id, []):
+                if not s.finished:
+                    failed.add(s.request_id)
                 s.finish(FinishReason.ERROR, error=f"verify verdict of batch {batch_id} not acknowledged by every rank")
+        if self._held and failed:
+            self._held = [o for o in self._held if o.request_id not in failed]
         self.ctx.unsettled.clear()
+
+    def _acknowledged(self) -> None:
+        """The group's call once it has read every acknowledgement owed so far, all taken
+        (from inside a later command, before that command's reply): the held outputs go."""
+        self.ctx.unsettled.clear()
+        held, self._held = self._held, None
+        if held:
+            self.emit(held)
+
+    def flush(self) -> list[RequestOutput]:
+        """Outputs held from the last tick (see emit), once the ranks acknowledged them."""
+        with self._lock:
+            return self._flush_held()
+
+    def _flush_held(self) -> list[RequestOutput]:
+        """The held outputs that no acknowledgement released yet (no command went out since,
+        or a rank was lost): settle now, then hand them back."""
+        if self._held is None:
+            return []
+        self._settle()  # may release them through _acknowledged
+        held, self._held = self._held or [], None
+        return held
 
     def _admit(self) -> bool:
         """Prefill the sequences that got a slot; whether there were any."""

@@ -61,6 +61,13 @@ class InProcessLauncher:
         self.servers = []
 
 
+@pytest.fixture
+def in_process_launcher() -> InProcessLauncher:
+    launcher = InProcessLauncher()
+    yield launcher
+    launcher.stop()
+
+
 GROUP_SLOTS, GROUP_BUDGET = 4, 12
 
 

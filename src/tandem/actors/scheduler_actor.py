@@ -2,7 +2,9 @@
 
 The engine runs on a GrpcShardGroup whose ranks are ShardActors (RayShardLauncher).
 A background thread calls engine.step() while there is work and hands the outputs to
-the actor's event loop, which puts each into its request's asyncio queue; `stream` is
+the actor's event loop (also those the engine emits from inside the next tick, once the
+ranks have acknowledged the verdicts: see tandem.engine), which puts each into its
+request's asyncio queue; `stream` is
 a Ray streaming generator over that queue (one per request), `generate` waits for the
 last output. Requests join between ticks (continuous batching).
 
@@ -64,6 +66,7 @@ class SchedulerActor:
     def __init__(self, settings: SchedulerSettings):
         self.settings = settings
         self.engine, self.launcher = self._build_engine(settings)
+        self.engine.emit = self._emit  # a tick's outputs go without waiting for the next tick's end
         self.model_name = settings.served_model_name or self.engine.model_name
         self._queues: dict[str, asyncio.Queue] = {}  # request id -> its own stream's queue
         self._subscribers: dict[str, asyncio.Queue] = {}  # subscriber id -> the queue of all its requests
@@ -139,6 +142,10 @@ class SchedulerActor:
                 self._loop.call_soon_threadsafe(self._dispatch, outs)
             if self.engine.recovering:
                 time.sleep(1.0)  # the restart failed; the next tick tries again
+
+    def _emit(self, outs: list[RequestOutput]) -> None:
+        """The engine's, from inside a tick (the step thread)."""
+        self._loop.call_soon_threadsafe(self._dispatch, outs)
 
     def _fail_all(self, why: str) -> list[RequestOutput]:
         outs = []
@@ -331,6 +338,8 @@ class SchedulerActor:
         self._ensure_started()
         self._paused = True
         await self._loop.run_in_executor(self._pool, _wait_for, self._step_lock)
+        # the last tick's outputs wait for no next tick
+        self._dispatch(await self._loop.run_in_executor(self._pool, self.engine.flush))
 
     async def resume(self) -> None:
         self._paused = False

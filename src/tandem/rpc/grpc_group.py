@@ -43,7 +43,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import grpc
 
@@ -128,6 +128,7 @@ class GrpcShardGroup:
         self._watchdog: Watchdog | None = None
         self._owed: list[_Owed] = []  # oldest first
         self._unacknowledged: list[int] = []  # batches whose verdict some rank did not take
+        self.on_acknowledged: Callable[[], None] | None = None  # see ShardGroup
         self._healthy = False
         try:
             self._start()
@@ -179,6 +180,9 @@ class GrpcShardGroup:
         failed = [r for r in replies if not r.ok]
         if failed:
             self._lose(f"{what} not acknowledged: {self._describe(failed, self.deadline_s)}")
+
+    def owes_acknowledgements(self) -> bool:
+        return bool(self._owed)
 
     def settle(self) -> list[int]:
         """Read every acknowledgement still owed; the batches whose verdict some rank did
@@ -435,6 +439,8 @@ class GrpcShardGroup:
             self._healthy = False
             self.last_failure = f"{o.what} not acknowledged: {self._describe(failed, self.deadline_s)}"
             log.error("%s", self.last_failure)
+        if owed and not lost and not self._unacknowledged and self.on_acknowledged is not None:
+            self.on_acknowledged()
         return lost
 
 

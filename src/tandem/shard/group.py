@@ -5,7 +5,7 @@ implement it; the engine runs on either with no other change.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from tandem.shard.commands import (
     PrefillItem,
@@ -21,6 +21,10 @@ from tandem.shard.commands import (
 
 class ShardGroup(Protocol):
     limits: ShardLimits
+    # The engine's: called, on the calling thread, once the group has read every
+    # acknowledgement owed so far and all were taken, while a later command waits for
+    # its reply (a group that acknowledges at once never calls it).
+    on_acknowledged: Callable[[], None] | None
 
     def prefill(self, items: list[PrefillItem]) -> PrefillResult:
         """Run the target (and a rank-side drafter) over each item's tokens into its slot."""
@@ -34,6 +38,10 @@ class ShardGroup(Protocol):
     def commit(self, verdict: Verdict) -> None:
         """Send the verdict words to every rank. A group may return before every rank has
         acknowledged them; settle() then waits for that."""
+        ...
+
+    def owes_acknowledgements(self) -> bool:
+        """Whether verdicts or releases went out whose acknowledgements are not read yet."""
         ...
 
     def settle(self) -> list[int]:

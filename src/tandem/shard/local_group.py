@@ -23,6 +23,7 @@ class LocalShardGroup:
     def __init__(self, shard: ModelShard):
         self.shard = shard
         self.limits = shard.limits
+        self.on_acknowledged = None  # never called: every command is done when it returns
 
     def prefill(self, items: list[PrefillItem]) -> PrefillResult:
         try:
@@ -43,8 +44,11 @@ class LocalShardGroup:
     def commit(self, verdict: Verdict) -> None:
         self.shard.commit(verdict)
 
+    def owes_acknowledgements(self) -> bool:
+        return False  # an in-process commit is done when it returns
+
     def settle(self) -> list[int]:
-        return []  # an in-process commit is done when it returns
+        return []
 
     def propose(self, cmd: ProposeBatch) -> ProposeResult:
         return self.shard.propose(cmd)

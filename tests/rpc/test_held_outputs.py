@@ -1,0 +1,117 @@
+"""An engine with `emit` set (as the scheduler actor runs it) over real gRPC: a tick's
+outputs are held until the ranks acknowledge its verdicts, and leave through `emit` from
+inside the next tick's first command, while that command runs on the rank. What that
+must keep: every token in order, the text the embedded engine makes, and no token of a
+tick whose verdict a rank never took handed out as a success."""
+from __future__ import annotations
+
+import pytest
+
+from tandem.config import EngineConfig
+from tandem.engine import Engine
+from tandem.rpc.grpc_group import GrpcShardGroup
+from tandem.sampling_params import SamplingParams
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+
+
+def grpc_engine(default_model, launcher, config: EngineConfig) -> Engine:
+    group = GrpcShardGroup(config.shard_spec(), launcher, deadline_s=10)
+    return Engine(group, default_model.tokenizer, default_model.eos_token_ids, config)
+
+
+def run(engine: Engine, inside: list[bool]) -> list:
+    """Step to the end; every output in the order it left, whether by emit or by step()."""
+    timeline = []
+
+    def emit(outs):
+        inside.append(busy[0])
+        timeline.extend(outs)
+
+    busy = [False]
+    for name in ("verify", "prefill"):  # note when a command is waiting for its reply
+        call = getattr(engine.group, name)
+
+        def waiting(*args, _call=call):
+            busy[0] = True
+            try:
+                return _call(*args)
+            finally:
+                busy[0] = False
+
+        setattr(engine.group, name, waiting)
+    engine.emit = emit
+    while engine.has_unfinished():
+        timeline.extend(engine.step())
+    return timeline
+
+
+def by_request(timeline: list) -> dict[str, list]:
+    outs: dict[str, list] = {}
+    for o in timeline:
+        outs.setdefault(o.request_id, []).append(o)
+    return outs
+
+
+@pytest.mark.timeout(300)
+def test_held_outputs_leave_inside_the_next_tick_in_order_with_the_embedded_text(default_model, in_process_launcher):
+    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
+    params = [SamplingParams(max_tokens=n) for n in (24, 9, 16)]
+    reference = Engine.from_config(config, progress=False).generate(PROMPTS, params)
+    engine = grpc_engine(default_model, in_process_launcher, config)
+    try:
+        ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params)]
+        inside: list[bool] = []
+        outs = by_request(run(engine, inside))
+    finally:
+        engine.group.close()
+    # all but the very last emit came while a later command waited on the rank
+    assert len(inside) > 3 and all(inside[:-1])
+    for rid, ref in zip(ids, reference):
+        got = outs[rid]
+        assert [o.finished for o in got] == [False] * (len(got) - 1) + [True]
+        assert [t for o in got for t in o.delta_token_ids] == got[-1].token_ids == ref.token_ids
+        assert "".join(o.delta_text for o in got) == got[-1].text == ref.text
+
+
+@pytest.mark.timeout(300)
+def test_the_held_tokens_of_a_verdict_a_lost_rank_never_took_never_leave(default_model, in_process_launcher):
+    # one row a batch: each sequence is its own batch, verified in admission order
+    config = EngineConfig(drafter="none", num_speculative_tokens=0, row_budget=1, max_num_seqs=4, max_seq_len=128)
+    params = SamplingParams(max_tokens=12)
+    reference = Engine.from_config(config, progress=False).generate([PROMPTS[0]], params)[0]
+    engine = grpc_engine(default_model, in_process_launcher, config)
+    group = engine.group
+    survivor = engine.add_request(PROMPTS[0], params)
+    victim = engine.add_request(PROMPTS[1], params)
+    slots_of, armed = {}, [False]
+    verify, commit = group.verify, group.commit
+
+    def noting_slots(cmd):
+        slots_of[cmd.batch_id] = cmd.slots
+        return verify(cmd)
+
+    def losing_the_rank(verdict):
+        # the victim's batch is the tick's last: its outputs are held when the rank goes
+        if armed[0] and engine.requests[victim].slot in slots_of[verdict.batch_id]:
+            armed[0] = False
+            group.launcher.servers[0].stop(grace=None)
+        commit(verdict)
+
+    group.verify, group.commit = noting_slots, losing_the_rank
+    try:
+        timeline = []
+        engine.emit = timeline.extend
+        for _ in range(3):
+            timeline.extend(engine.step())
+        armed[0] = True
+        while engine.has_unfinished():
+            timeline.extend(engine.step())
+    finally:
+        group.close()
+    outs = by_request(timeline)
+    final = outs[victim][-1]
+    assert final.finish_reason == "error" and "not acknowledged by every rank" in final.error
+    handed_out = [t for o in outs[victim] for t in o.delta_token_ids]
+    assert handed_out == final.token_ids[: len(handed_out)] and len(handed_out) < len(final.token_ids)
+    assert outs[survivor][-1].finish_reason == "length" and outs[survivor][-1].token_ids == reference.token_ids
