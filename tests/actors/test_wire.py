@@ -1,7 +1,9 @@
 """Outputs over Ray as deltas: what the handle rebuilds equals what the engine made."""
 from __future__ import annotations
 
-from tandem.actors.wire import Rebuilder, to_wire
+import dataclasses
+
+from tandem.actors.wire import Rebuilder, merge_wire, to_wire
 from tandem.outputs import RequestOutput, Usage
 
 
@@ -25,3 +27,16 @@ def test_rebuilt_outputs_equal_the_engines():
     assert wire[-1] == outs[-1]  # the last goes whole
     rebuild = Rebuilder()
     assert [rebuild(w) for w in wire] == outs
+
+
+def test_merged_wire_outputs_rebuild_what_the_engine_made():
+    outs = _outputs()
+    wire = [to_wire(o, i == 0) for i, o in enumerate(outs)]
+    # a consumer that fell behind takes the first three at once, then the rest
+    merged = [merge_wire(wire[:3]), merge_wire(wire[3:])]
+    assert merged[0].prompt_token_ids == [9, 8] and merged[0].delta_token_ids == [1, 2, 3, 4]
+    assert merged[0].delta_text == "Hello" and not merged[0].finished
+    assert merged[1] == dataclasses.replace(outs[-1], delta_text=" world", delta_token_ids=[5, 6, 7])
+    rebuild = Rebuilder()
+    assert [rebuild(w) for w in merged] == [dataclasses.replace(outs[2], delta_text="Hello", delta_token_ids=[1, 2, 3, 4]),
+                                            merged[1]]

@@ -79,3 +79,18 @@ def test_captured_verify_graph_replays_the_eager_forward_on_the_gpu(tiny_model_d
     eager, eager_cache, graphed, graph_cache, graphs = _run_both(model, "cuda", capture=True)
     _check(eager, eager_cache, graphed, graph_cache, 1e-4)
     assert all(g.graph is not None for g in graphs.graphs.values())
+
+
+def test_capture_ahead_takes_every_decode_shape_within_the_budget_and_the_forward_reuses_them(tiny_model_dir):
+    model = load_model(tiny_model_dir("qwen2"), progress=False).model
+    cache, lengths = _prefilled(model, "cpu")
+    graphs = VerifyGraphs(model, cache, capture=False, max_rows=8)
+    added = graphs.capture_ahead(max_batch=4, max_k=3, row_budget=6, capture_layers=(0,))
+    # batches 1, 2, 4 x k 1..3, where the smallest batch padded to it fits the budget and
+    # the padded rows fit max_rows; the cache's 64 positions are the one context bucket
+    expected = {(nb, k) for nb in (1, 2, 4) for k in (1, 2, 3) if (nb // 2 + 1) * k <= 6 and nb * k <= 8}
+    assert added == len(expected) and {key[:2] for key in graphs.graphs} == expected
+    assert all(key[2:] == (64, (0,)) for key in graphs.graphs)
+    slots = [2, 0, 3]
+    out = graphs.forward([1] * 3 * 2, 3, 2, slots, [lengths[s] for s in slots], (0,))  # n=3 -> the (4, 2) graph
+    assert out is not None and len(graphs.graphs) == added

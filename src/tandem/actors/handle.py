@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
-from tandem.actors.wire import as_received
+from tandem.actors.wire import as_received, merge_wire
 from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
@@ -169,7 +169,12 @@ class _Multiplexer:
             async with _tandem_errors_async():
                 await self.actor.submit.remote(prompt, params, rid, messages, self.subscriber)
             while not finished:
-                out = await q.get()
+                # what piled up while the consumer was busy goes as one: a server that
+                # falls behind writes fewer, larger chunks instead of falling further behind
+                outs = [await q.get()]
+                while not q.empty():
+                    outs.append(q.get_nowait())
+                out = merge_wire(outs)
                 finished = out.finished
                 yield whole(out)
         finally:

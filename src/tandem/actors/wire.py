@@ -25,6 +25,22 @@ def to_wire(out: RequestOutput, first: bool) -> RequestOutput:
     return dataclasses.replace(out, prompt=None, prompt_token_ids=[], text="", token_ids=[])
 
 
+def merge_wire(outs: list[RequestOutput]) -> RequestOutput:
+    """Several wire outputs of one request, in order, as one: the deltas joined, the
+    latest state, and the prompt of the first (only a request's first carries it)."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    merged = dataclasses.replace(
+        last,
+        delta_text="".join(o.delta_text for o in outs),
+        delta_token_ids=[t for o in outs for t in o.delta_token_ids],
+    )
+    if last.finished:
+        return merged  # whole already
+    return dataclasses.replace(merged, prompt=outs[0].prompt, prompt_token_ids=outs[0].prompt_token_ids)
+
+
 class Rebuilder:
     """Whole outputs again from one request's wire outputs, in order."""
 

@@ -60,6 +60,24 @@ class VerifyGraphs:
         out = runner.run(host)
         return ModelOutput(logits=out.logits[:n], hidden={layer: h[:n] for layer, h in out.hidden.items()})
 
+    def capture_ahead(self, max_batch: int, max_k: int, row_budget: int, capture_layers: tuple[int, ...]) -> int:
+        """Capture, before any request, the verify shapes a server meets first: every
+        power-of-two batch up to max_batch sequences, 1..max_k rows each, within the row
+        budget, at the shortest context bucket. A capture on live traffic stalls every
+        running stream (a few dozen replays' time each). Returns how many were captured."""
+        cb = min(self.cache.max_seq_len, MIN_CTX)
+        added = 0
+        for k in range(1, max_k + 1):
+            nb = 1
+            while nb <= next_pow2(max_batch):
+                fits = (nb // 2 + 1) * k <= row_budget and nb * k <= self.max_rows  # some n padded to nb fits
+                key = (nb, k, cb, tuple(capture_layers))
+                if fits and key not in self.graphs and len(self.graphs) < self.max_graphs:
+                    self.graphs[key] = self._build(nb, k, cb, tuple(capture_layers))
+                    added += 1
+                nb *= 2
+        return added
+
     def _build(self, nb: int, k: int, cb: int, capture_layers: tuple[int, ...]) -> CapturedGraph:
         inputs = torch.zeros(nb, k + 2, dtype=torch.long, device=self.device)
         inputs[:, k] = self.cache.scratch_slot  # the warm-up runs before capture write only there

@@ -5,7 +5,9 @@ shard server, so every rank of a group is made the same way.
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -14,6 +16,8 @@ from tandem.model.kv_cache import KVCache
 from tandem.model.loader import LoadedModel, load_model
 from tandem.model.verify_graphs import VerifyGraphs
 from tandem.shard.model_shard import ModelShard
+
+log = logging.getLogger("tandem.shard")
 
 
 @dataclass(frozen=True)
@@ -94,4 +98,8 @@ def build_model_shard(
         drafter=drafter,
         graphs=VerifyGraphs(model, cache) if graphed else None,
     )
+    if graphed:
+        t0 = time.perf_counter()
+        n = shard.capture_graphs_ahead(spec.num_speculative_tokens + 1)
+        log.info("captured %d verify CUDA graphs in %.1f s", n, time.perf_counter() - t0)
     return shard, loaded

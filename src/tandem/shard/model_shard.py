@@ -75,6 +75,14 @@ class ModelShard:
         self._drafts: dict[int, tuple[list[int], torch.Tensor | None]] = {}
         self.device = next(model.parameters()).device
 
+    @torch.inference_mode()
+    def capture_graphs_ahead(self, max_k: int) -> int:
+        """The verify forward's CUDA graphs for up to max_k rows a sequence, captured now
+        rather than on live traffic (see VerifyGraphs.capture_ahead); how many."""
+        if self.graphs is None:
+            return 0
+        return self.graphs.capture_ahead(self.cache.num_slots, max_k, self.limits.row_budget, self.capture)
+
     # ---- commands ---------------------------------------------------------------------
 
     @torch.inference_mode()
