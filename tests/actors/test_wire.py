@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tandem.actors.wire import Rebuilder, merge_wire, to_wire
+from tandem.actors.wire import Rebuilder, merge, to_wire
 from tandem.outputs import RequestOutput, Usage
 
 
@@ -33,7 +33,7 @@ def test_merged_wire_outputs_rebuild_what_the_engine_made():
     outs = _outputs()
     wire = [to_wire(o, i == 0) for i, o in enumerate(outs)]
     # a consumer that fell behind takes the first three at once, then the rest
-    merged = [merge_wire(wire[:3]), merge_wire(wire[3:])]
+    merged = [merge(wire[:3]), merge(wire[3:])]
     assert merged[0].prompt_token_ids == [9, 8] and merged[0].delta_token_ids == [1, 2, 3, 4]
     assert merged[0].delta_text == "Hello" and not merged[0].finished
     assert merged[1] == dataclasses.replace(outs[-1], delta_text=" world", delta_token_ids=[5, 6, 7])

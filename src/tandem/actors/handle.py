@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
-from tandem.actors.wire import as_received, merge_wire
+from tandem.actors.wire import as_received, merge
 from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
@@ -174,7 +174,7 @@ class _Multiplexer:
                 outs = [await q.get()]
                 while not q.empty():
                     outs.append(q.get_nowait())
-                out = merge_wire(outs)
+                out = merge(outs)
                 finished = out.finished
                 yield whole(out)
         finally:

@@ -4,9 +4,8 @@ The engine runs on a GrpcShardGroup whose ranks are ShardActors (RayShardLaunche
 A background thread calls engine.step() while there is work and hands the outputs to
 the actor's event loop (also those the engine emits from inside the next tick, once the
 ranks have acknowledged the verdicts: see tandem.engine), which puts each into its
-request's asyncio queue; `stream` is
-a Ray streaming generator over that queue (one per request), `generate` waits for the
-last output. Requests join between ticks (continuous batching).
+request's asyncio queue; `stream` is a Ray streaming generator over that queue (one per
+request), `generate` waits for the last output. Requests join between ticks (continuous batching).
 
 Recovery is the engine's: a lost rank fails its batch (those requests get an output
 with finish_reason "error"), the next tick restarts the group through the launcher and
@@ -15,7 +14,6 @@ re-prefills the others. While it recovers, new requests raise EngineUnavailableE
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -23,7 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tandem.actors.wire import to_wire
+from tandem.actors.wire import merge, to_wire
 from tandem.config import EngineConfig
 from tandem.errors import EngineUnavailableError, InvalidRequestError
 from tandem.outputs import RequestOutput, Usage
@@ -47,17 +45,6 @@ class SchedulerSettings:
     shard_torch_threads: int | None = None  # None: the node's cores / ranks on CPU
     fault_injection: bool = False  # let tests make a rank fail on purpose
     in_process_target: bool = False  # one rank inside this actor (LocalShardGroup), no shard actors
-
-
-def merge_outputs(outs: list[RequestOutput]) -> RequestOutput:
-    """Several outputs of one request as one: the latest state, the deltas joined."""
-    if len(outs) == 1:
-        return outs[0]
-    return dataclasses.replace(
-        outs[-1],
-        delta_text="".join(o.delta_text for o in outs),
-        delta_token_ids=[t for o in outs for t in o.delta_token_ids],
-    )
 
 
 class SchedulerActor:
@@ -224,7 +211,7 @@ class SchedulerActor:
             while not finished:
                 outs = await _drain(q)
                 finished = outs[-1].finished
-                yield to_wire(merge_outputs(outs), first)
+                yield to_wire(merge(outs), first)
                 first = False
         finally:
             await self._forget(rid, finished)
@@ -253,7 +240,7 @@ class SchedulerActor:
                     by_request.setdefault(out.request_id, []).append(out)
                 item = []
                 for rid, v in by_request.items():
-                    item.append(to_wire(merge_outputs(v), rid not in started))
+                    item.append(to_wire(merge(v), rid not in started))
                     if item[-1].finished:
                         started.discard(rid)
                     else:

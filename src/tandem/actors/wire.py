@@ -25,9 +25,9 @@ def to_wire(out: RequestOutput, first: bool) -> RequestOutput:
     return dataclasses.replace(out, prompt=None, prompt_token_ids=[], text="", token_ids=[])
 
 
-def merge_wire(outs: list[RequestOutput]) -> RequestOutput:
-    """Several wire outputs of one request, in order, as one: the deltas joined, the
-    latest state, and the prompt of the first (only a request's first carries it)."""
+def merge(outs: list[RequestOutput]) -> RequestOutput:
+    """Several outputs of one request, in order, as one: the deltas joined, the latest
+    state, and the prompt of the first (of wire outputs only a request's first has it)."""
     if len(outs) == 1:
         return outs[0]
     last = outs[-1]
