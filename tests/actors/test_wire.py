@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tandem.actors.wire import Rebuilder, merge, to_wire
+from tandem.actors.wire import Rebuilder, from_wire, merge, to_wire
 from tandem.outputs import RequestOutput, Usage
 
 
@@ -21,7 +21,7 @@ def _outputs() -> list[RequestOutput]:
 
 def test_rebuilt_outputs_equal_the_engines():
     outs = _outputs()
-    wire = [to_wire(o, i == 0) for i, o in enumerate(outs)]
+    wire = [from_wire(to_wire(o, i == 0)) for i, o in enumerate(outs)]
     assert all(w.text == "" and w.token_ids == [] for w in wire[:-1])  # nothing but deltas before the last
     assert all(w.prompt_token_ids == [] for w in wire[1:-1]) and wire[0].prompt_token_ids == [9, 8]
     assert wire[-1] == outs[-1]  # the last goes whole
@@ -31,7 +31,7 @@ def test_rebuilt_outputs_equal_the_engines():
 
 def test_merged_wire_outputs_rebuild_what_the_engine_made():
     outs = _outputs()
-    wire = [to_wire(o, i == 0) for i, o in enumerate(outs)]
+    wire = [from_wire(to_wire(o, i == 0)) for i, o in enumerate(outs)]
     # a consumer that fell behind takes the first three at once, then the rest
     merged = [merge(wire[:3]), merge(wire[3:])]
     assert merged[0].prompt_token_ids == [9, 8] and merged[0].delta_token_ids == [1, 2, 3, 4]
@@ -40,3 +40,10 @@ def test_merged_wire_outputs_rebuild_what_the_engine_made():
     rebuild = Rebuilder()
     assert [rebuild(w) for w in merged] == [dataclasses.replace(outs[2], delta_text="Hello", delta_token_ids=[1, 2, 3, 4]),
                                             merged[1]]
+
+
+def test_a_wire_output_is_a_plain_tuple_and_comes_back_equal():
+    outs = _outputs()
+    assert type(to_wire(outs[1], False)) is tuple
+    assert from_wire(to_wire(outs[-1], False)) == outs[-1]  # the last, whole
+    assert from_wire(to_wire(outs[0], True)) == dataclasses.replace(outs[0], text="", token_ids=[])

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
-from tandem.actors.wire import as_received, merge
+from tandem.actors.wire import as_received, from_wire, merge
 from tandem.config import EngineConfig
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
@@ -149,10 +149,10 @@ class _Multiplexer:
         why = "the engine's output stream ended"
         try:
             async for ref in gen:
-                for out in await ref:
-                    q = self.queues.get(out.request_id)
+                for wire in await ref:
+                    q = self.queues.get(wire[0])  # the request id
                     if q is not None:
-                        q.put_nowait(out)
+                        q.put_nowait(from_wire(wire))
         except Exception as e:  # noqa: BLE001 - every waiting request learns of it
             why = f"the engine's output stream failed: {type(e).__name__}: {e}"
         for rid, q in list(self.queues.items()):
@@ -248,7 +248,7 @@ class TandemHandle:
         try:
             with _tandem_errors():
                 for ref in gen:
-                    out = ray.get(ref)
+                    out = from_wire(ray.get(ref))
                     finished = out.finished
                     yield whole(out)
         finally:
@@ -288,7 +288,7 @@ class TandemHandle:
         try:
             async with _tandem_errors_async():
                 async for ref in gen:
-                    out = await ref
+                    out = from_wire(await ref)
                     finished = out.finished
                     yield whole(out)
         finally:

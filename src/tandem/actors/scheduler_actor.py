@@ -225,8 +225,8 @@ class SchedulerActor:
 
     async def subscribe(self, subscriber: str):
         """One stream for all requests submitted under `subscriber` (call with
-        num_returns="streaming"): each item is a list of outputs, one per request that
-        made progress, merged, in order, as deltas (see tandem.actors.wire). A server with
+        num_returns="streaming"): each item is a list of wire outputs, one per request
+        that made progress, merged, in order, as deltas (see tandem.actors.wire). A server with
         many streams pays one Ray item per tick instead of one per request. Closing it
         aborts the subscriber's requests."""
         self._ensure_started()
@@ -240,8 +240,9 @@ class SchedulerActor:
                     by_request.setdefault(out.request_id, []).append(out)
                 item = []
                 for rid, v in by_request.items():
-                    item.append(to_wire(merge(v), rid not in started))
-                    if item[-1].finished:
+                    out = merge(v)
+                    item.append(to_wire(out, rid not in started))
+                    if out.finished:
                         started.discard(rid)
                     else:
                         started.add(rid)

@@ -7,22 +7,34 @@ what is new: `text` and `token_ids` empty, the prompt only in a request's first 
 The last output goes whole. A consumer that wants whole outputs (the Python handle's
 stream) rebuilds them with Rebuilder; a server that forwards deltas (the HTTP app) takes
 the deltas as they come.
+
+On the wire an output is a plain tuple (from_wire makes it a RequestOutput again): at 64
+streams the scheduler actor pickles 64 outputs a tick, and a tuple pickles about 20x
+faster than the dataclass (0.008 against 0.19 ms for 64), time the actor's engine thread
+would otherwise wait for the GIL.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
-from tandem.outputs import RequestOutput
+from tandem.outputs import RequestOutput, Usage
 
 
-def to_wire(out: RequestOutput, first: bool) -> RequestOutput:
+def to_wire(out: RequestOutput, first: bool) -> tuple:
     """What goes over Ray for `out`; `first`: the request's first output on this stream."""
-    if out.finished:
-        return out
-    if first:
-        return dataclasses.replace(out, text="", token_ids=[])
-    return dataclasses.replace(out, prompt=None, prompt_token_ids=[], text="", token_ids=[])
+    prompt, prompt_ids, text, ids = out.prompt, out.prompt_token_ids, out.text, out.token_ids
+    if not out.finished:
+        text, ids = "", []
+        if not first:
+            prompt, prompt_ids = None, []
+    return (out.request_id, prompt, prompt_ids, text, ids, out.delta_text, out.delta_token_ids, out.finished,
+            out.finish_reason, out.error, (out.usage.prompt_tokens, out.usage.completion_tokens), out.num_drafts,
+            out.num_draft_tokens, out.num_accepted_tokens)
+
+
+def from_wire(t: tuple) -> RequestOutput:
+    return RequestOutput(*t[:10], Usage(*t[10]), *t[11:])
 
 
 def merge(outs: list[RequestOutput]) -> RequestOutput:
