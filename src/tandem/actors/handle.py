@@ -57,7 +57,8 @@ def start(
     max_seq_len, row_budget, draft_model, adaptive, device, dtype, ...). shard_num_gpus is
     what each ShardActor reserves (None: 1 when the cluster has GPUs, else 0).
     in_process_target keeps a single rank inside the scheduler actor (no shard actors, no
-    gRPC, no recovery): for CPU-only single-rank runs."""
+    gRPC, no recovery; the actor then reserves shard_num_gpus itself): the control path
+    without a process hop, for a single rank whose loss may take the engine with it."""
     import ray
 
     config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)
@@ -74,6 +75,8 @@ def start(
         in_process_target=in_process_target,
     )
     options = {"num_cpus": scheduler_num_cpus, "max_concurrency": 4096, "max_restarts": 0}
+    if in_process_target and shard_num_gpus:
+        options["num_gpus"] = shard_num_gpus  # the rank, and with it the GPU, lives in this actor
     if name is not None:
         options["name"] = name
         if namespace is not None:

@@ -1,0 +1,24 @@
+"""A single rank inside the scheduler actor (in_process_target): no shard actors, the same
+greedy text as the embedded engine, streamed and whole."""
+from __future__ import annotations
+
+import pytest
+
+from tandem.sampling_params import SamplingParams
+
+
+@pytest.mark.slow
+def test_an_in_process_target_serves_the_embedded_text_without_shard_actors(ray_cluster, embedded):
+    import tandem.actors as ta
+
+    prompt, params = "def fibonacci(n):", SamplingParams(max_tokens=12, temperature=0.0)
+    reference = embedded.generate([prompt], params)[0]
+    handle = ta.start(model="smollm2", in_process_target=True, max_num_seqs=4, max_seq_len=512)
+    try:
+        assert handle.shard_actors() == []
+        assert handle.generate(prompt, params).token_ids == reference.token_ids
+        outs = list(handle.stream(prompt, params))
+        assert [t for o in outs for t in o.delta_token_ids] == reference.token_ids
+        assert outs[-1].text == reference.text
+    finally:
+        handle.shutdown()
