@@ -115,3 +115,28 @@ def test_the_held_tokens_of_a_verdict_a_lost_rank_never_took_never_leave(default
     handed_out = [t for o in outs[victim] for t in o.delta_token_ids]
     assert handed_out == final.token_ids[: len(handed_out)] and len(handed_out) < len(final.token_ids)
     assert outs[survivor][-1].finish_reason == "length" and outs[survivor][-1].token_ids == reference.token_ids
+
+
+@pytest.mark.timeout(300)
+def test_an_emit_that_raises_does_not_put_the_streams_out_of_step(default_model, in_process_launcher):
+    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
+    params = SamplingParams(max_tokens=10)
+    reference = Engine.from_config(config, progress=False).generate([PROMPTS[0]], params)[0]
+    engine = grpc_engine(default_model, in_process_launcher, config)
+    seen = []
+
+    def broken_emit(outs):  # gets the outputs, then fails (a consumer that went away)
+        seen.extend(outs)
+        raise RuntimeError("the consumer is gone")
+
+    engine.emit = broken_emit
+    engine.add_request(PROMPTS[0], params)
+    try:
+        while engine.has_unfinished():
+            seen.extend(engine.step())
+        # every command still read its own reply: the group stayed healthy, and the
+        # tokens are the reference's, which a verify reading another's reply would break
+        assert engine.group.healthy()
+    finally:
+        engine.group.close()
+    assert len(seen) > 2 and seen[-1].finished and seen[-1].token_ids == reference.token_ids

@@ -226,9 +226,9 @@ class SchedulerActor:
     async def subscribe(self, subscriber: str):
         """One stream for all requests submitted under `subscriber` (call with
         num_returns="streaming"): each item is a list of wire outputs, one per request
-        that made progress, merged, in order, as deltas (see tandem.actors.wire). A server with
-        many streams pays one Ray item per tick instead of one per request. Closing it
-        aborts the subscriber's requests."""
+        that made progress, merged, in order, as deltas (see tandem.actors.wire). A server
+        with many streams pays one Ray item per tick instead of one per request. Closing
+        it aborts the subscriber's requests."""
         self._ensure_started()
         q = self._subscribers.setdefault(subscriber, asyncio.Queue())
         started: set[str] = set()  # requests that have had an output on this stream

@@ -440,7 +440,10 @@ class GrpcShardGroup:
             self.last_failure = f"{o.what} not acknowledged: {self._describe(failed, self.deadline_s)}"
             log.error("%s", self.last_failure)
         if owed and not lost and not self._unacknowledged and self.on_acknowledged is not None:
-            self.on_acknowledged()
+            try:
+                self.on_acknowledged()
+            except Exception:  # noqa: BLE001 - the caller's command still has its reply to read
+                log.exception("on_acknowledged failed")
         return lost
 
 
