@@ -1,13 +1,16 @@
 """Load on the served app vs the embedded engine at the same batch.
 
-    python bench/serve_load.py [--concurrency 1 16 64] [--max-tokens 32] [--shards 1]
+    python bench/serve_load.py [--concurrency 1 16 64] [--max-tokens 32] [--shards 1] [--grpc]
 
 For each concurrency C, C streaming clients start at once on loopback (OpenAI
 /v1/completions, stream: true, greedy, ignore_eos so every request makes exactly
-max_tokens tokens), and the same C requests go into an embedded Engine (one process,
-same config, all added at once, stepped in a loop) and through the Python handle of the
-served engine (Ray streaming generators without HTTP or Serve, to show where the time
-goes); the three alternate, so a change in the machine's load hits all alike. Per request:
+max_tokens tokens; HTTP from the ingress replica, as `tandem serve` runs it, or with
+--through-proxy through Serve's proxy), and the same C requests go into an embedded
+Engine (one process, same config, all added at once, stepped in a loop) and through the
+Python handle of the served engine (Ray streaming generators without HTTP or Serve, to
+show where the time goes); with --grpc also into the embedded engine over one local gRPC
+shard process (no Ray: the control path alone). The sides alternate, so a change in the
+machine's load hits all alike. Per request:
 
     ttft  time to first token: request sent -> first text chunk
     itl   inter-token latency: (last chunk - first chunk) / (tokens - 1)
@@ -77,21 +80,41 @@ def run_embedded(engine, n: int, max_tokens: int) -> dict:
     from tandem.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
-    ids = [engine.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(n)]
     first, last, ntok = {}, {}, {}
-    while len(last) < n:
-        for out in engine.step():
-            now = time.perf_counter()
+
+    def take(outs) -> None:
+        now = time.perf_counter()
+        for out in outs:
             if out.delta_token_ids and out.request_id not in first:
                 first[out.request_id] = now
             if out.finished:
                 last[out.request_id] = now
                 ntok[out.request_id] = len(out.token_ids)
+
+    engine.emit = take  # as the scheduler actor runs it (an in-process rank emits nothing early)
+    t0 = time.perf_counter()
+    ids = [engine.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(n)]
+    while len(last) < n:
+        take(engine.step())
     wall = max(last.values()) - t0
     ttft = [first[i] - t0 for i in ids]
     itl = [(last[i] - first[i]) / max(1, ntok[i] - 1) for i in ids]
     return summary(ttft, itl, sum(ntok.values()), wall)
+
+
+def grpc_engine(engine_cfg: dict, threads: int):
+    """The same engine over one local gRPC shard process: the served path's control path,
+    without Ray."""
+    from tandem.config import EngineConfig
+    from tandem.engine import Engine
+    from tandem.model.loader import load_tokenizer
+    from tandem.rpc.grpc_group import GrpcShardGroup
+    from tandem.rpc.launcher import ProcessLauncher
+
+    config = EngineConfig(**engine_cfg)
+    tok = load_tokenizer(config.model, progress=False)
+    group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(1, threads_per_rank=threads))
+    return Engine(group, tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
 
 
 # ---- served ------------------------------------------------------------------------------
@@ -170,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where both sides' target runs: auto = a GPU if there is one (the shard actors then take one each)")
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--grpc", action="store_true",
+                    help="also the engine over one gRPC shard process, without Ray (where the served path's time goes)")
     ap.add_argument("--through-proxy", action="store_true",
                     help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
     ap.add_argument("--repeats", type=int, default=2,
@@ -206,13 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{args.port}"
     torch.set_num_threads(args.threads)
     engine = Engine.from_config(progress=False, **engine_cfg)
+    over_grpc = grpc_engine(engine_cfg, args.threads) if args.grpc else None
     # All stay up; the runs alternate (embedded, handle, served, embedded, ...) so that a
     # change in the machine's load hits all alike.
     sides = {
         "embedded": lambda c: run_embedded(engine, c, args.max_tokens),
+        "grpc": lambda c: run_embedded(over_grpc, c, args.max_tokens),
         "handle": lambda c: asyncio.run(run_handle_async(handle, c, args.max_tokens)),
         "served": lambda c: asyncio.run(run_served_async(base, args.model, c, args.max_tokens)),
     }
+    if over_grpc is None:
+        del sides["grpc"]
     runs: dict[str, dict[int, list]] = {side: {c: [] for c in args.concurrency} for side in sides}
     try:
         run_embedded(engine, 1, 4)  # warm up
@@ -226,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs[side][c].append(run(c))
     finally:
         engine.close()
+        if over_grpc is not None:
+            over_grpc.close()
         serve.shutdown()
         ray.shutdown()
 
@@ -244,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             "added_itl_ms_p50": round(s["itl_ms_p50"] - e["itl_ms_p50"], 2),
             "tokens_per_s_ratio": round(s["tokens_per_s"] / e["tokens_per_s"], 3) if e["tokens_per_s"] else None,
             "served": {k: round(v, 2) for k, v in s.items()},
-            "handle": {k: round(v, 2) for k, v in best["handle"][c].items()},
+            **{side: {k: round(v, 2) for k, v in best[side][c].items()} for side in ("handle", "grpc") if side in best},
             "embedded": {k: round(v, 2) for k, v in e.items()},
         }
     print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "device": device,
