@@ -83,12 +83,18 @@ def test_repeated_failures_finish_the_batch_with_an_error(make_engine, local_gro
     assert not engine.has_unfinished()
 
 
-def test_a_short_result_finishes_only_its_batch(make_engine, local_group):
+def _victim_on(group, make_engine):
+    """An engine on `group` with one request (the victim) added, and the token ids an
+    undisturbed engine makes for the request added after it."""
     params = SamplingParams(max_tokens=12)
-    flaky = FlakyGroup(local_group)
-    engine = make_engine("ngram", group=flaky)
+    engine = make_engine("ngram", group=group)
     reference = make_engine("ngram").generate([PROMPTS[4]], params)[0].token_ids
-    victim = engine.add_request(PROMPTS[1], params)
+    return engine, engine.add_request(PROMPTS[1], params), reference, params
+
+
+def test_a_short_result_finishes_only_its_batch(make_engine, local_group):
+    flaky = FlakyGroup(local_group)
+    engine, victim, reference, params = _victim_on(flaky, make_engine)
     engine.step()
     flaky.mode, flaky.failures_left = "short", 1
     final = {o.request_id: o for o in engine.step() if o.finished}  # the victim's batch gets the short result
@@ -123,11 +129,8 @@ class UnacknowledgedGroup:
 
 
 def test_a_verdict_no_rank_acknowledged_finishes_its_batch_before_any_of_its_outputs_leave(make_engine, local_group):
-    params = SamplingParams(max_tokens=12)
     group = UnacknowledgedGroup(local_group)
-    engine = make_engine("ngram", group=group)
-    reference = make_engine("ngram").generate([PROMPTS[4]], params)[0].token_ids
-    victim = engine.add_request(PROMPTS[1], params)
+    engine, victim, reference, params = _victim_on(group, make_engine)
     first = [o for o in engine.step() if o.request_id == victim]  # the prefill tick: its first token
     group.armed = True
     outs = [o for o in engine.step() if o.request_id == victim]
