@@ -182,12 +182,21 @@ class Engine:
             if not self.group.healthy():
                 earlier = self._flush_held()
                 self._recover()
-            if self._admit() and not self._prefill_tick:
+            others_wait = bool(self.scheduler.running)
+            admitted = self._admit()
+            if admitted and not (self._prefill_tick and others_wait):
                 # The new sequences' first tokens go out now: their time to first token is
-                # their prefill, not prefill + the batch's verify. At most every other tick,
-                # so a steady stream of arrivals cannot hold the running sequences back.
+                # their prefill, not prefill + the batch's verify. At most every other tick
+                # while others run, so a steady stream of arrivals cannot hold them back.
                 self._prefill_tick = True
                 return earlier + self._flush_held() + self._collect()
+            if admitted and self.emit is not None:
+                # Admitted right after a prefill tick, they share this tick with the verify;
+                # with a way out mid-tick, their first tokens still leave at their prefill.
+                # (A prefill is no verdict: every rank has replied to it already.)
+                firsts = self._collect()
+                if firsts:
+                    self.emit(firsts)
             self._prefill_tick = False
             self.ctx.draft_cap = self._draft_cap()
             for batch in self.scheduler.verify_batches(self.ctx.cost.estimate, self.adaptive.block):

@@ -68,3 +68,36 @@ def test_arrivals_every_tick_do_not_starve_running_sequences(make_engine, local_
         engine.add_request(f"Count: {i}", SamplingParams(max_tokens=1, temperature=0.0))
         done.update((o.request_id, o) for o in engine.step() if o.finished)
     assert long_id in done and len(done[long_id].token_ids) == 6
+
+
+def test_an_arrival_at_an_idle_engine_gets_a_prefill_tick_of_its_own(make_engine, local_group):
+    # The last tick only admitted (a one-token request, done at its prefill), and then the
+    # engine stood idle: the rule that keeps two admission ticks apart protects running
+    # sequences, and none run, so the new request's first token still comes from its prefill.
+    engine = make_engine("none", group=local_group)
+    engine.add_request("Count: 1", SamplingParams(max_tokens=1, temperature=0.0))
+    assert [o.finished for o in engine.step()] == [True]
+    rid = engine.add_request("The capital of France is", SamplingParams(max_tokens=8, temperature=0.0))
+    outs = [o for o in engine.step() if o.request_id == rid]
+    assert [len(o.token_ids) for o in outs] == [1]
+
+
+def test_with_emit_a_first_token_leaves_before_the_verify_it_shares_a_tick_with(make_engine, local_group):
+    # B arrives right after A's admission tick, so B's prefill and the verify of A and B
+    # share one tick; with a way out mid-tick (emit, as the scheduler actor runs the
+    # engine) B's first token goes before that verify, not after it.
+    engine = make_engine("none", group=local_group)
+    emitted = []
+    engine.emit = emitted.extend
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    a = engine.add_request("Once upon a time", params)
+    engine.step()  # A's admission tick
+    b = engine.add_request("The capital of France is", params)
+    returned = engine.step()
+    assert [(o.request_id, len(o.token_ids)) for o in emitted] == [(b, 1)]
+    assert {o.request_id: len(o.token_ids) for o in returned} == {a: 2, b: 2}  # each one more, from the verify
+    outs = emitted + returned
+    while engine.has_unfinished():
+        outs += engine.step()
+    reference = make_engine("none", group=local_group).generate(["The capital of France is"], params)[0]
+    assert [t for o in outs if o.request_id == b for t in o.delta_token_ids] == reference.token_ids
