@@ -12,7 +12,9 @@ show where the time goes); with --grpc also into the embedded engine over one lo
 shard process (no Ray: the control path alone). The sides alternate, so a change in the
 machine's load hits all alike. Per request:
 
-    ttft  time to first token: request sent -> first text chunk
+    ttft  time to first token: that request sent -> its first text chunk (each request
+          from its own send, as vLLM's serving benchmark counts it; the n keep-alive
+          connections are opened before the timed run)
     itl   inter-token latency: (last chunk - first chunk) / (tokens - 1)
     tokens/s  all completion tokens / (first request sent -> last request done)
 
@@ -93,11 +95,15 @@ def run_embedded(engine, n: int, max_tokens: int) -> dict:
 
     engine.emit = take  # as the scheduler actor runs it (an in-process rank emits nothing early)
     t0 = time.perf_counter()
-    ids = [engine.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(n)]
+    sent = {}
+    for i in range(n):
+        t = time.perf_counter()
+        sent[engine.add_request(PROMPTS[i % len(PROMPTS)], params)] = t
     while len(last) < n:
         take(engine.step())
     wall = max(last.values()) - t0
-    ttft = [first[i] - t0 for i in ids]
+    ids = list(sent)
+    ttft = [first[i] - sent[i] for i in ids]
     itl = [(last[i] - first[i]) / max(1, ntok[i] - 1) for i in ids]
     return summary(ttft, itl, sum(ntok.values()), wall)
 
@@ -120,7 +126,8 @@ def grpc_engine(engine_cfg: dict, threads: int):
 # ---- served ------------------------------------------------------------------------------
 
 
-async def one_stream(client, url: str, model: str, prompt: str, max_tokens: int, t0: float) -> tuple[float, float, int]:
+async def one_stream(client, url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+    sent = time.perf_counter()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     first = last = None
@@ -139,7 +146,7 @@ async def one_stream(client, url: str, model: str, prompt: str, max_tokens: int,
                 last = now
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return first - t0, (last - first) / max(1, tokens - 1), tokens
+    return first - sent, (last - first) / max(1, tokens - 1), tokens
 
 
 async def run_served_async(base: str, model: str, n: int, max_tokens: int) -> dict:
@@ -147,11 +154,12 @@ async def run_served_async(base: str, model: str, n: int, max_tokens: int) -> di
 
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        await one_stream(client, base + "/v1/completions", model, PROMPTS[0], 4, time.perf_counter())  # warm connections
+        url = base + "/v1/completions"
+        # Open the n keep-alive connections first: a load generator's connection set-up
+        # is not the server's latency.
+        await asyncio.gather(*(one_stream(client, url, model, PROMPTS[0], 1) for _ in range(n)))
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(
-            one_stream(client, base + "/v1/completions", model, PROMPTS[i % len(PROMPTS)], max_tokens, t0) for i in range(n)
-        ))
+        results = await asyncio.gather(*(one_stream(client, url, model, PROMPTS[i % len(PROMPTS)], max_tokens) for i in range(n)))
         wall = time.perf_counter() - t0
     return summary([r[0] for r in results], [r[1] for r in results], sum(r[2] for r in results), wall)
 
@@ -162,7 +170,8 @@ async def run_handle_async(handle, n: int, max_tokens: int) -> dict:
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
-    async def one(prompt: str, t0: float):
+    async def one(prompt: str):
+        sent = time.perf_counter()
         first = last = None
         tokens = 0
         async for out in handle.astream(prompt, params):
@@ -171,10 +180,10 @@ async def run_handle_async(handle, n: int, max_tokens: int) -> dict:
                 first = first or now
                 last = now
             tokens = len(out.token_ids)
-        return first - t0, (last - first) / max(1, tokens - 1), tokens
+        return first - sent, (last - first) / max(1, tokens - 1), tokens
 
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one(PROMPTS[i % len(PROMPTS)], t0) for i in range(n)))
+    results = await asyncio.gather(*(one(PROMPTS[i % len(PROMPTS)]) for i in range(n)))
     wall = time.perf_counter() - t0
     return summary([r[0] for r in results], [r[1] for r in results], sum(r[2] for r in results), wall)
 
@@ -197,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the engine over one gRPC shard process, without Ray (where the served path's time goes)")
     ap.add_argument("--through-proxy", action="store_true",
                     help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
+    ap.add_argument("--burst-gap-ms", type=float, default=1.0,
+                    help="the served engine's burst_gap_ms (0: its first tick after an idle spell starts at once)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per concurrency and side (at least 6 at one client, so its latency has a median): "
                          "latencies pool every run's requests, tokens/s keeps the best run")
@@ -222,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     start_serve("127.0.0.1", args.port)
     serve.run(build_app({
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
-        "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
+        "in_process_target": args.in_process_target, "shard_torch_threads": args.threads, "burst_gap_ms": args.burst_gap_ms,
         "engine_actor_name": "tandem-bench", "shard_num_gpus": 1.0 if gpu else 0.0, "served_model_name": args.model,
     }), name="tandem", route_prefix="/", blocking=False)
     from tandem.actors import connect
