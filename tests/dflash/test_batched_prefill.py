@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dflash_tiny import SLOTS, VOCAB, random_dflash, tiny_shard, tiny_target
+from tandem.model.cuda_graph import next_pow2
 from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch
 from tandem.shard.prefill_groups import prefill_groups
 
@@ -28,13 +29,18 @@ def test_groups_cover_every_prompt_once_within_the_budget_and_half_the_width():
     assert prefill_groups([10] * 8, 40) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # shared forwards do happen
 
 
-@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "verify-graphs"])
-def test_a_batched_prefill_leaves_the_same_state_as_one_prompt_at_a_time(graphed):
-    """graphed: the prefill goes through the verify forward's graphs (padded to a power of
-    two; on the CPU the padded body runs without capture)."""
+@pytest.mark.parametrize("graph_rows", [0, 256, 16], ids=["eager", "prefill-graphs", "graphs-of-16-rows"])
+def test_a_batched_prefill_leaves_the_same_state_as_one_prompt_at_a_time(graph_rows):
+    """graph_rows: the prefill goes through the prefill CUDA graphs of at most that many
+    rows (padded to a power of two; on the CPU the padded body runs without capture).
+    With 16, a group is split into runs that fit one graph, and the widest prompts go
+    eagerly."""
+    graphed = graph_rows > 0
     target = tiny_target()
     draft = random_dflash(block_size=6)
     batched, single = tiny_shard(target, draft, target_graphs=graphed), tiny_shard(target, draft)
+    if graphed:
+        batched.graphs.max_rows = graph_rows
     rng = random.Random(1)
     lengths = [5, 17, 9, 30, 3, 16, 12, 11]
     items = [PrefillItem(slot=s, tokens=[rng.randrange(VOCAB - 1) for _ in range(n)]) for s, n in enumerate(lengths)]
@@ -43,12 +49,14 @@ def test_a_batched_prefill_leaves_the_same_state_as_one_prompt_at_a_time(graphed
     forwards = []
     if graphed:
         real = batched.graphs.forward
-        batched.graphs.forward = lambda tokens, n, k, *a: forwards.append((n, k)) or real(tokens, n, k, *a)
+        batched.graphs.forward = lambda tokens, n, k, *a, **kw: forwards.append((n, k)) or real(tokens, n, k, *a, **kw)
     else:
         real = batched._forward
         batched._forward = lambda rows, *a, **kw: forwards.append(rows.shape) or real(rows, *a, **kw)
     picks = batched.prefill(items).next_tokens
     assert 0 < len(forwards) < len(items)  # prompts shared forwards
+    if graphed:
+        assert all(next_pow2(n) * k <= graph_rows for n, k in forwards)
 
     assert picks == [single.prefill([it]).next_tokens[0] for it in items]
     for it in items:

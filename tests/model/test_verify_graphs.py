@@ -55,7 +55,7 @@ def test_padded_verify_forward_equals_the_eager_one_and_pads_only_write_the_scra
     model = load_model(tiny_model_dir("qwen2"), progress=False).model
     eager, eager_cache, graphed, graph_cache, graphs = _run_both(model, "cpu", capture=False)
     _check(eager, eager_cache, graphed, graph_cache, 1e-5)
-    assert list(graphs.graphs) == [(4, K, 64, (0,))]  # batch 3 -> 4, context 17 -> the whole 64-position cache
+    assert list(graphs.graphs) == [(4, K, 64, (0,), False)]  # batch 3 -> 4, context 17 -> the whole 64-position cache
     assert graph_cache.k[0][graph_cache.scratch_slot].abs().sum() > 0  # the padding row wrote there
 
 
@@ -81,16 +81,33 @@ def test_captured_verify_graph_replays_the_eager_forward_on_the_gpu(tiny_model_d
     assert all(g.graph is not None for g in graphs.graphs.values())
 
 
-def test_capture_ahead_takes_every_decode_shape_within_the_budget_and_the_forward_reuses_them(tiny_model_dir):
+def test_capture_ahead_takes_every_decode_and_prefill_shape_within_the_budget_and_the_forward_reuses_them(tiny_model_dir):
     model = load_model(tiny_model_dir("qwen2"), progress=False).model
     cache, lengths = _prefilled(model, "cpu")
     graphs = VerifyGraphs(model, cache, capture=False, max_rows=8)
     added = graphs.capture_ahead(max_batch=4, max_k=3, row_budget=6, capture_layers=(0,))
-    # batches 1, 2, 4 x k 1..3, where the smallest batch padded to it fits the budget and
-    # the padded rows fit max_rows; the cache's 64 positions are the one context bucket
-    expected = {(nb, k) for nb in (1, 2, 4) for k in (1, 2, 3) if (nb // 2 + 1) * k <= 6 and nb * k <= 8}
-    assert added == len(expected) and {key[:2] for key in graphs.graphs} == expected
-    assert all(key[2:] == (64, (0,)) for key in graphs.graphs)
+    # verifies: batches 1, 2, 4 x k 1..3, where the smallest batch padded to it fits the
+    # budget and the padded rows fit max_rows; prefills: batches 1, 2, 4 x power-of-two
+    # widths up to the budget's, within max_rows; the cache's 64 positions are the one
+    # context bucket
+    verifies = {(nb, k, False) for nb in (1, 2, 4) for k in (1, 2, 3) if (nb // 2 + 1) * k <= 6 and nb * k <= 8}
+    prefills = {(nb, k, True) for nb in (1, 2, 4) for k in (1, 2, 4, 8) if nb * k <= 8}
+    assert added == len(verifies) + len(prefills)
+    assert {(key[0], key[1], key[4]) for key in graphs.graphs} == verifies | prefills
+    assert all(key[2:4] == (64, (0,)) for key in graphs.graphs)
     slots = [2, 0, 3]
     out = graphs.forward([1] * 3 * 2, 3, 2, slots, [lengths[s] for s in slots], (0,))  # n=3 -> the (4, 2) graph
     assert out is not None and len(graphs.graphs) == added
+    out = graphs.forward([1] * 3 * 2, 3, 2, [1, 1, 1], [0, 0, 0], (0,), last_rows=[1, 0, 1])  # the (4, 2) prefill graph
+    assert out is not None and out.logits.shape[:2] == (3, 1) and len(graphs.graphs) == added
+
+
+def test_a_prefill_graph_gives_each_prompts_last_row_logits(tiny_model_dir):
+    model = load_model(tiny_model_dir("qwen2"), progress=False).model
+    eager_cache, graph_cache = _cache(model, "cpu"), _cache(model, "cpu")
+    rows = torch.randint(256, (3, 4), generator=torch.Generator().manual_seed(7))
+    last = [3, 1, 2]  # prompts of 4, 2 and 3 tokens, padded to 4
+    eager = model(rows, torch.tensor([0, 1, 2]), torch.tensor([0, 0, 0]), eager_cache)
+    graphs = VerifyGraphs(model, graph_cache, capture=False)
+    out = graphs.forward(rows.flatten().tolist(), 3, 4, [0, 1, 2], [0, 0, 0], (), last_rows=last)
+    torch.testing.assert_close(out.logits[:, 0], eager.logits[torch.arange(3), torch.tensor(last)], rtol=1e-5, atol=1e-5)

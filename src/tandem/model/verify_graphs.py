@@ -5,9 +5,9 @@ power of two of at least MIN_CTX positions, captured layers), captured the first
 verify of that bucket runs and replayed after. Few context buckets keep captures rare: a
 capture costs about as much as a few dozen replays. Padding rows write only the cache's
 scratch slot, and their outputs are dropped; the context padding lies past every row's
-causal mask. Prefills of prompts within the row budget replay these graphs too, padded
-to a power of two (ModelShard._graphed_prompts); a long prompt's chunks and batches
-over `max_rows` rows run eagerly.
+causal mask. Prefills of prompts within the row budget have graphs of their own, padded
+to a power of two the same way, whose LM head runs on each prompt's last row only
+(ModelShard._graphed_prompts); a long prompt's chunks run eagerly.
 The outputs live in the graph's static buffers until its next replay: the shard reads
 them (picks, and the captured rows at commit) before its next verify.
 """
@@ -23,7 +23,7 @@ MIN_CTX = 256
 
 
 class VerifyGraphs:
-    def __init__(self, model: torch.nn.Module, cache: KVCache, *, max_rows: int = 256, max_graphs: int = 96,
+    def __init__(self, model: torch.nn.Module, cache: KVCache, *, max_rows: int = 256, max_graphs: int = 160,
                  capture: bool = True):
         if cache.scratch_slot is None:
             raise ValueError("verify graphs need a KV cache with a scratch slot (KVCache(..., scratch_slots=1))")
@@ -36,54 +36,69 @@ class VerifyGraphs:
         self.device = next(model.parameters()).device
 
     def forward(self, tokens: list[int], n: int, k: int, slots: list[int], start_pos: list[int],
-                capture_layers: tuple[int, ...]) -> ModelOutput | None:
+                capture_layers: tuple[int, ...], last_rows: list[int] | None = None) -> ModelOutput | None:
         """The forward of n sequences x k rows (tokens sequence-major), or None when this
-        shape is not graphed (the caller runs it eagerly)."""
+        shape is not graphed (the caller runs it eagerly). With last_rows (a prompt's
+        prefill) the logits are those of row last_rows[i] of each sequence, [n, 1, vocab]."""
         nb = next_pow2(n)
         if nb * k > self.max_rows:
             return None
-        ctx = max(start_pos) + k
-        cb = min(self.cache.max_seq_len, max(MIN_CTX, next_pow2(ctx)))
-        key = (nb, k, cb, tuple(capture_layers))
+        cb = self._bucket(max(start_pos) + k)
+        prompt = last_rows is not None
+        key = (nb, k, cb, tuple(capture_layers), prompt)
         runner = self.graphs.get(key)
         if runner is None:
             if len(self.graphs) >= self.max_graphs:
                 return None
-            runner = self.graphs[key] = self._build(nb, k, cb, tuple(capture_layers))
-        # one host->device copy: row i = [its k tokens, its slot, its start position]
+            runner = self.graphs[key] = self._build(*key)
+        # one host->device copy: row i = [its k tokens, its slot, its start position(, its last row)]
         pad = nb - n
+        tail = [[last] for last in last_rows] if prompt else [[]] * n
         host = torch.tensor(
-            [tokens[i * k : (i + 1) * k] + [slots[i], start_pos[i]] for i in range(n)]
-            + [[0] * k + [self.cache.scratch_slot, 0]] * pad,
+            [tokens[i * k : (i + 1) * k] + [slots[i], start_pos[i]] + tail[i] for i in range(n)]
+            + [[0] * k + [self.cache.scratch_slot, 0] + [0] * prompt] * pad,
             dtype=torch.long,
         )
         out = runner.run(host)
         return ModelOutput(logits=out.logits[:n], hidden={layer: h[:n] for layer, h in out.hidden.items()})
 
     def capture_ahead(self, max_batch: int, max_k: int, row_budget: int, capture_layers: tuple[int, ...]) -> int:
-        """Capture, before any request, the verify shapes a server meets first: every
-        power-of-two batch up to max_batch sequences, 1..max_k rows each, within the row
-        budget, at the shortest context bucket. A capture on live traffic stalls every
-        running stream (a few dozen replays' time each). Returns how many were captured."""
-        cb = min(self.cache.max_seq_len, MIN_CTX)
+        """Capture, before any request, the shapes a server meets first, at the shortest
+        context bucket: every power-of-two batch up to max_batch sequences with 1..max_k
+        rows each, within the row budget (verifies), and every power-of-two batch and
+        prompt width within max_rows (prefills: which batches arrive together is chance).
+        A capture on live traffic stalls every running stream (a few dozen replays' time
+        each). Returns how many were captured."""
+        layers = tuple(capture_layers)
+        shapes = []
+        for k in range(1, max_k + 1):  # verifies
+            shapes += [(nb, k, False) for nb in _pow2_upto(next_pow2(max_batch))
+                       if (nb // 2 + 1) * k <= row_budget and nb * k <= self.max_rows]  # some n padded to nb fits
+        for k in _pow2_upto(min(self.max_rows, next_pow2(row_budget), self.cache.max_seq_len)):
+            shapes += [(nb, k, True) for nb in _pow2_upto(next_pow2(max_batch)) if nb * k <= self.max_rows]  # prefills
         added = 0
-        for k in range(1, max_k + 1):
-            nb = 1
-            while nb <= next_pow2(max_batch):
-                fits = (nb // 2 + 1) * k <= row_budget and nb * k <= self.max_rows  # some n padded to nb fits
-                key = (nb, k, cb, tuple(capture_layers))
-                if fits and key not in self.graphs and len(self.graphs) < self.max_graphs:
-                    self.graphs[key] = self._build(nb, k, cb, tuple(capture_layers))
-                    added += 1
-                nb *= 2
+        for nb, k, prompt in shapes:
+            key = (nb, k, self._bucket(k), layers, prompt)  # the shortest context: a prefill's, a first verify's
+            if key not in self.graphs and len(self.graphs) < self.max_graphs:
+                self.graphs[key] = self._build(*key)
+                added += 1
         return added
 
-    def _build(self, nb: int, k: int, cb: int, capture_layers: tuple[int, ...]) -> CapturedGraph:
-        inputs = torch.zeros(nb, k + 2, dtype=torch.long, device=self.device)
+    def _bucket(self, ctx: int) -> int:
+        """The context positions a forward reaching position ctx reads."""
+        return min(self.cache.max_seq_len, max(MIN_CTX, next_pow2(ctx)))
+
+    def _build(self, nb: int, k: int, cb: int, capture_layers: tuple[int, ...], prompt: bool) -> CapturedGraph:
+        inputs = torch.zeros(nb, k + 2 + prompt, dtype=torch.long, device=self.device)
         inputs[:, k] = self.cache.scratch_slot  # the warm-up runs before capture write only there
 
         def body() -> ModelOutput:
             return self.model(inputs[:, :k], inputs[:, k], inputs[:, k + 1], self.cache,
-                              capture_layers=capture_layers, attn_len=cb)
+                              capture_layers=capture_layers, attn_len=cb,
+                              logit_rows=inputs[:, k + 2 :] if prompt else None)
 
         return CapturedGraph(body, inputs, self.pool, self.capture)
+
+
+def _pow2_upto(n: int) -> list[int]:
+    return [1 << i for i in range(n.bit_length()) if 1 << i <= n]

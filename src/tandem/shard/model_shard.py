@@ -249,23 +249,29 @@ class ModelShard:
         ]
 
     def _graphed_prompts(self, items: list[PrefillItem], width: int):
-        """The same through the verify forward's CUDA graphs, the width padded to a power of
-        two (an eager prefill of a short prompt is launch-bound on a GPU: a one-token request
-        to SmolLM2 on an H200 took 52.7 ms eager, 4.4 graphed); None where that shape is not
-        graphed. The outputs are copied out of the graph's buffers: the next group may
-        replay the same graph."""
+        """The same through the prefill CUDA graphs, the width padded to a power of two and
+        the items split into runs of the most one graph takes (an eager prefill of a short
+        prompt is launch-bound on a GPU: a one-token request to SmolLM2 on an H200 took
+        52.7 ms eager, 4.4 graphed); None where the shape is not graphed. The outputs are
+        copied out of the graph's buffers: the next run may replay the same graph."""
         k = next_pow2(width)
-        if k > self.cache.max_seq_len:
+        if k > self.cache.max_seq_len or k > self.graphs.max_rows:
             return None
-        tokens = [t for it in items for t in list(it.tokens) + [0] * (k - len(it.tokens))]
-        out = self.graphs.forward(tokens, len(items), k, [it.slot for it in items], [0] * len(items), self.capture)
-        if out is None:
-            return None
-        return [
-            (out.logits[i, len(it.tokens) - 1].clone(),
-             {layer: h[i, : len(it.tokens)].clone() for layer, h in out.hidden.items()} if self.capture else None)
-            for i, it in enumerate(items)
-        ]
+        per = 1 << ((self.graphs.max_rows // k).bit_length() - 1)  # the most one graph takes
+        results = []
+        for at in range(0, len(items), per):
+            run = items[at : at + per]
+            tokens = [t for it in run for t in list(it.tokens) + [0] * (k - len(it.tokens))]
+            out = self.graphs.forward(tokens, len(run), k, [it.slot for it in run], [0] * len(run), self.capture,
+                                      last_rows=[len(it.tokens) - 1 for it in run])
+            if out is None:
+                return None  # all of them eagerly (rewriting the same KV)
+            results += [
+                (out.logits[i, 0].clone(),
+                 {layer: h[i, : len(it.tokens)].clone() for layer, h in out.hidden.items()} if self.capture else None)
+                for i, it in enumerate(run)
+            ]
+        return results
 
     def _forward_prompt(self, slot: int, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
         """Write the tokens' KV into the slot in chunks of the row budget; return the logits
