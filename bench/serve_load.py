@@ -126,41 +126,42 @@ def grpc_engine(engine_cfg: dict, threads: int):
 # ---- served ------------------------------------------------------------------------------
 
 
-async def one_stream(client, url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+async def one_stream(conn, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
     sent = time.perf_counter()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     first = last = None
     tokens = 0
-    async with client.stream("POST", url, json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"])
-            now = time.perf_counter()
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                first = first or now
-                last = now
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+    async for data in conn.events("/v1/completions", body):
+        if data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"])
+        now = time.perf_counter()
+        if chunk["choices"] and chunk["choices"][0]["text"]:
+            first = first or now
+            last = now
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
     return first - sent, (last - first) / max(1, tokens - 1), tokens
 
 
-async def run_served_async(base: str, model: str, n: int, max_tokens: int) -> dict:
-    import httpx
+async def run_served_async(port: int, model: str, n: int, max_tokens: int) -> dict:
+    from sse_client import SSEConnection
 
-    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        url = base + "/v1/completions"
-        # Open the n keep-alive connections first: a load generator's connection set-up
-        # is not the server's latency.
-        await asyncio.gather(*(one_stream(client, url, model, PROMPTS[0], 1) for _ in range(n)))
+    # One keep-alive connection per client, opened (and used once) before the timed run:
+    # a load generator's connection set-up is not the server's latency.
+    conns = [await SSEConnection("127.0.0.1", port).open() for _ in range(n)]
+    try:
+        await asyncio.gather(*(one_stream(c, model, PROMPTS[0], 1) for c in conns))
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(one_stream(client, url, model, PROMPTS[i % len(PROMPTS)], max_tokens) for i in range(n)))
+        results = await asyncio.gather(*(one_stream(c, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+                                         for i, c in enumerate(conns)))
         wall = time.perf_counter() - t0
+    finally:
+        for c in conns:
+            c.close()
     return summary([r[0] for r in results], [r[1] for r in results], sum(r[2] for r in results), wall)
 
 
@@ -239,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.actors import connect
 
     handle = connect("tandem-bench")
-    base = f"http://127.0.0.1:{args.port}"
     torch.set_num_threads(args.threads)
     engine = Engine.from_config(progress=False, **engine_cfg)
     over_grpc = grpc_engine(engine_cfg, args.threads) if args.grpc else None
@@ -249,14 +249,14 @@ def main(argv: list[str] | None = None) -> int:
         "embedded": lambda c: run_embedded(engine, c, args.max_tokens),
         "grpc": lambda c: run_embedded(over_grpc, c, args.max_tokens),
         "handle": lambda c: asyncio.run(run_handle_async(handle, c, args.max_tokens)),
-        "served": lambda c: asyncio.run(run_served_async(base, args.model, c, args.max_tokens)),
+        "served": lambda c: asyncio.run(run_served_async(args.port, args.model, c, args.max_tokens)),
     }
     if over_grpc is None:
         del sides["grpc"]
     runs: dict[str, dict[int, list]] = {side: {c: [] for c in args.concurrency} for side in sides}
     try:
         run_embedded(engine, 1, 4)  # warm up
-        asyncio.run(run_served_async(base, args.model, 1, 4))
+        asyncio.run(run_served_async(args.port, args.model, 1, 4))
         for c in args.concurrency:
             if gpu:  # each batch shape's CUDA graphs are captured once, untimed
                 for run in sides.values():
