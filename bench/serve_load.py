@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the engine over one gRPC shard process, without Ray (where the served path's time goes)")
     ap.add_argument("--through-proxy", action="store_true",
                     help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
-    ap.add_argument("--burst-gap-ms", type=float, default=1.0,
-                    help="the served engine's burst_gap_ms (0: its first tick after an idle spell starts at once)")
+    ap.add_argument("--burst-gap-ms", type=float, default=0.0,
+                    help="the served engine's burst_gap_ms (0, its default: the first tick after an idle spell starts at once)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per concurrency and side (at least 6 at one client, so its latency has a median): "
                          "latencies pool every run's requests, tokens/s keeps the best run")

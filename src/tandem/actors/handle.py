@@ -47,7 +47,7 @@ def start(
     rpc_deadline_s: float = 30.0,
     fault_injection: bool = False,
     in_process_target: bool = False,
-    burst_gap_ms: float = 1.0,
+    burst_gap_ms: float = 0.0,
     burst_max_ms: float = 10.0,
     ready_timeout_s: float = 600.0,
     **engine_options,
@@ -62,7 +62,7 @@ def start(
     gRPC, no recovery; the actor then reserves shard_num_gpus itself): the control path
     without a process hop, for a single rank whose loss may take the engine with it.
     After an idle spell the first tick waits while requests keep arriving less than
-    burst_gap_ms apart, for at most burst_max_ms (0: start at once), so that clients
+    burst_gap_ms apart, for at most burst_max_ms (0, the default: it starts at once), so that clients
     starting together share one prefill."""
     import ray
 
