@@ -61,9 +61,9 @@ def start(
     in_process_target keeps a single rank inside the scheduler actor (no shard actors, no
     gRPC, no recovery; the actor then reserves shard_num_gpus itself): the control path
     without a process hop, for a single rank whose loss may take the engine with it.
-    After an idle spell the first tick waits while requests keep arriving less than
-    burst_gap_ms apart, for at most burst_max_ms (0, the default: it starts at once), so that clients
-    starting together share one prefill."""
+    With burst_gap_ms (0, the default: off), the first tick after an idle spell waits
+    while requests keep arriving less than that apart, for at most burst_max_ms, so that
+    clients starting together share one prefill."""
     import ray
 
     config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)

@@ -68,16 +68,24 @@ def lookup(tokens: np.ndarray, num_drafts: int, min_ngram: int, max_ngram: int) 
     """Longest suffix n-gram first; its most recent earlier match with a full
     continuation wins, else the match with the longest continuation (the oldest)."""
     L = len(tokens)
-    if num_drafts <= 0:
+    top = min(max_ngram, L - 1)
+    if num_drafts <= 0 or top < min_ngram:
         return []
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        # match[s]: tokens[s:s+n] equals the suffix, for every start s before the suffix's own
-        match = tokens[: L - n] == tokens[L - n]
-        for j in range(1, n):
-            match &= tokens[j : L - n + j] == tokens[L - n + j]
-        starts = np.flatnonzero(match)
-        if starts.size == 0:
+    # levels[j]: the ends e (< L-1) of earlier (j+1)-grams equal to the suffix's last j+1
+    # tokens. One pass over the history finds where its last token recurs; each longer
+    # n-gram only filters the few survivors (a pass per n and per token of it took 5x as long).
+    level = np.flatnonzero(tokens[: L - 1] == tokens[L - 1])
+    levels = [level]
+    for j in range(1, top):
+        if level.size == 0:
+            break
+        level = level[level >= j]
+        level = level[tokens[level - j] == tokens[L - 1 - j]]
+        levels.append(level)
+    for n in range(min(len(levels), top), min_ngram - 1, -1):
+        if levels[n - 1].size == 0:
             continue
+        starts = levels[n - 1] - (n - 1)
         full = starts[starts <= L - n - num_drafts]
         s = int(full[-1]) if full.size else int(starts[0])
         return tokens[s + n : s + n + num_drafts].tolist()
