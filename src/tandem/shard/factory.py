@@ -96,7 +96,11 @@ def build_model_shard(
         rank=rank,
         world_size=world_size,
         drafter=drafter,
-        graphs=VerifyGraphs(model, cache) if graphed else None,
+        # A batch within the row budget pads to under twice its rows: graphs of up to 2x
+        # the budget keep every verify graphed (with 256, a batch of 33-51 sequences x 5
+        # rows padded to 64 x 5 = 320 ran eagerly, launch-bound); capped, as each graph
+        # keeps its [rows, vocab] float32 logits.
+        graphs=VerifyGraphs(model, cache, max_rows=min(2 * spec.row_budget, 512)) if graphed else None,
     )
     if graphed:
         t0 = time.perf_counter()
