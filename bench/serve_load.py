@@ -207,8 +207,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the engine over one gRPC shard process, without Ray (where the served path's time goes)")
     ap.add_argument("--through-proxy", action="store_true",
                     help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
-    ap.add_argument("--burst-gap-ms", type=float, default=0.0,
-                    help="the served engine's burst_gap_ms (0, its default: the first tick after an idle spell starts at once)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per concurrency and side (at least 6 at one client, so its latency has a median): "
                          "latencies pool every run's requests, tokens/s keeps the best run")
@@ -234,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     start_serve("127.0.0.1", args.port)
     serve.run(build_app({
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
-        "in_process_target": args.in_process_target, "shard_torch_threads": args.threads, "burst_gap_ms": args.burst_gap_ms,
+        "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
         "engine_actor_name": "tandem-bench", "shard_num_gpus": 1.0 if gpu else 0.0, "served_model_name": args.model,
     }), name="tandem", route_prefix="/", blocking=False)
     from tandem.actors import connect

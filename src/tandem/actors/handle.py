@@ -47,8 +47,6 @@ def start(
     rpc_deadline_s: float = 30.0,
     fault_injection: bool = False,
     in_process_target: bool = False,
-    burst_gap_ms: float = 0.0,
-    burst_max_ms: float = 10.0,
     ready_timeout_s: float = 600.0,
     **engine_options,
 ) -> "TandemHandle":
@@ -60,10 +58,7 @@ def start(
     what each ShardActor reserves (None: 1 when the cluster has GPUs, else 0).
     in_process_target keeps a single rank inside the scheduler actor (no shard actors, no
     gRPC, no recovery; the actor then reserves shard_num_gpus itself): the control path
-    without a process hop, for a single rank whose loss may take the engine with it.
-    With burst_gap_ms (0, the default: off), the first tick after an idle spell waits
-    while requests keep arriving less than that apart, for at most burst_max_ms, so that
-    clients starting together share one prefill."""
+    without a process hop, for a single rank whose loss may take the engine with it."""
     import ray
 
     config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)
@@ -78,8 +73,6 @@ def start(
         shard_torch_threads=shard_torch_threads,
         fault_injection=fault_injection,
         in_process_target=in_process_target,
-        burst_gap_ms=burst_gap_ms,
-        burst_max_ms=burst_max_ms,
     )
     options = {"num_cpus": scheduler_num_cpus, "max_concurrency": 4096, "max_restarts": 0}
     if in_process_target and shard_num_gpus:

@@ -45,10 +45,6 @@ class SchedulerSettings:
     shard_torch_threads: int | None = None  # None: the node's cores / ranks on CPU
     fault_injection: bool = False  # let tests make a rank fail on purpose
     in_process_target: bool = False  # one rank inside this actor (LocalShardGroup), no shard actors
-    # After an idle spell the first tick waits while requests keep coming less than
-    # burst_gap_ms apart, for at most burst_max_ms (see wait_for_burst).
-    burst_gap_ms: float = 0.0  # off: on the 2-core CPU 1 ms cost one client 1-2 ms and won nothing clear at 16 or 64
-    burst_max_ms: float = 10.0
 
 
 class SchedulerActor:
@@ -113,16 +109,11 @@ class SchedulerActor:
         return e.has_unfinished() or e.recovering or not e.group.healthy()
 
     def _run(self) -> None:
-        idle = True
         while not self._stopped:
             if self._paused or not self._has_work():
                 self._wake.wait(0.5)
                 self._wake.clear()
-                idle = True
                 continue
-            if idle:
-                wait_for_burst(self._wake, self.settings.burst_gap_ms / 1000.0, self.settings.burst_max_ms / 1000.0)
-                idle = False
             with self._step_lock:
                 if self._paused:
                     continue
@@ -360,19 +351,6 @@ class _NoLauncher:
 
     def stop(self) -> None:
         pass
-
-
-def wait_for_burst(arrival: threading.Event, gap_s: float, most_s: float) -> None:
-    """Work came after an idle spell: hold the first tick while requests keep arriving
-    (`arrival` is set by each), every one within gap_s of the one before, for at most
-    most_s. Clients that start together then share one prefill; else the first to come
-    is prefilled alone and the rest, a moment behind it, wait for that whole tick."""
-    end = time.perf_counter() + most_s
-    while gap_s > 0:
-        arrival.clear()  # set again by the next arrival
-        left = end - time.perf_counter()
-        if left <= 0 or not arrival.wait(min(gap_s, left)):
-            return
 
 
 async def _drain(q: asyncio.Queue) -> list:

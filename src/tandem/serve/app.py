@@ -37,8 +37,6 @@ class OpenAIIngress:
             shard_torch_threads=a.shard_torch_threads,
             rpc_deadline_s=a.rpc_deadline_s,
             in_process_target=a.in_process_target,
-            burst_gap_ms=a.burst_gap_ms,
-            burst_max_ms=a.burst_max_ms,
             name=a.engine_actor_name,
             namespace=ENGINE_NAMESPACE,
             draft_model=a.draft_model,

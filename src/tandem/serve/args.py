@@ -33,8 +33,6 @@ class TandemServeArgs(BaseModel):
     scheduler_num_cpus: float = Field(0.25, ge=0, description="CPUs reserved by the scheduler actor (it runs the step loop, n-gram drafting and detokenization).")
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests the ingress replica takes at once (Serve's max_ongoing_requests); more wait in the proxy.")
     in_process_target: bool = Field(False, description="Keep the single rank inside the scheduler actor, which then reserves shard_num_gpus (no shard actors, no gRPC, no shard restarts); only with tensor_parallel_size 1.")
-    burst_gap_ms: float = Field(0.0, ge=0, description="After an idle spell the first tick waits while requests keep arriving less than this apart (e.g. 1), so that clients starting together share one prefill; 0 = start at once.")
-    burst_max_ms: float = Field(10.0, ge=0, description="The most the first tick after an idle spell waits for a burst of requests (see burst_gap_ms).")
     engine_actor_name: str | None = Field(None, description="Name the scheduler actor (Ray namespace 'tandem') so other Ray programs can use the served engine through tandem.actors.connect(name).")
 
     @field_validator("dflash_checkpoint")
