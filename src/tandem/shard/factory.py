@@ -105,5 +105,5 @@ def build_model_shard(
     if graphed:
         t0 = time.perf_counter()
         n = shard.capture_graphs_ahead(spec.num_speculative_tokens + 1)
-        log.info("captured %d verify CUDA graphs in %.1f s", n, time.perf_counter() - t0)
+        log.info("captured %d verify and prefill CUDA graphs in %.1f s", n, time.perf_counter() - t0)
     return shard, loaded

@@ -77,8 +77,8 @@ class ModelShard:
 
     @torch.inference_mode()
     def capture_graphs_ahead(self, max_k: int) -> int:
-        """The verify forward's CUDA graphs for up to max_k rows a sequence, captured now
-        rather than on live traffic (see VerifyGraphs.capture_ahead); how many."""
+        """The CUDA graphs of verifies of up to max_k rows a sequence and of prefills,
+        captured now rather than on live traffic (see VerifyGraphs.capture_ahead); how many."""
         if self.graphs is None:
             return 0
         return self.graphs.capture_ahead(self.cache.num_slots, max_k, self.limits.row_budget, self.capture)
