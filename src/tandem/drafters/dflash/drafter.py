@@ -22,8 +22,9 @@ block forward and the flush replay CUDA graphs captured per shape bucket (below)
 H200 a batch-1 propose went from ~35 ms eager to ~1 ms. With graphs, both are queued
 already at the commit of a batch that drafted (`committed`), from each sequence's bonus
 token: they run while the scheduler walks the verdict, and the propose reads the rows.
-The drafter's dtype may differ from the target's (build_dflash_drafter runs it in bf16 beside a float32 target on a CPU
-with native bf16 matmuls); its head is then a copy of the target's rows in its dtype.
+The drafter's dtype may differ from the target's (build_dflash_drafter runs it in bf16
+beside a float32 target on a CPU with native bf16 matmuls); its head is then a copy of the
+target's rows in its dtype.
 """
 from __future__ import annotations
 
