@@ -1,6 +1,6 @@
 """Verdicts and releases go out on the session streams without waiting for their
-acknowledgements; the next command's reply, or settle(), reads them. What that must
-keep: settle() names a batch whose verdict a rank never took, the command sent behind it
+acknowledgements: they ride on the next command to every rank, or go alone at settle();
+the replies that follow, or settle(), read them. What that must keep: settle() names a batch whose verdict a rank never took, the command sent behind it
 is reported as not run (its sequences were not in that batch), a refused release
 leaves the group healthy."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ def test_a_verdict_is_sent_without_waiting_and_settled_before_its_effect_is_reli
     group.prefill([PrefillItem(0, [1, 2, 3]), PrefillItem(1, [4, 5, 6])])
     group.verify(batch())
     group.commit(Verdict(1, [2, 1]))
-    assert len(group._owed) == 1, "the verdict's acknowledgement is read later"
-    assert group.settle() == [] and group._owed == [] and group.healthy()
+    assert len(group._riders) == 1 and group.owes_acknowledgements(), "the verdict waits for a command to ride on"
+    assert group.settle() == [] and group._owed == group._riders == [] and group.healthy()
     # the ranks applied it: the next verify starts where the verdict left each slot
     res = group.verify(batch(batch_id=2, start_pos=[5, 4]))
     assert len(res.picks) == 6
@@ -29,9 +29,9 @@ def test_a_release_is_acknowledged_with_the_next_command_and_a_refused_one_harms
     group.prefill([PrefillItem(0, [1, 2, 3])])
     group.release([0])
     group.release([99])  # a slot no rank has: every rank refuses it, nothing changed anywhere
-    assert len(group._owed) == 2
-    assert group.prefill([PrefillItem(0, [7, 8])]).next_tokens  # reads both acknowledgements first
-    assert group._owed == [] and group.healthy()
+    assert len(group._riders) == 2
+    assert group.prefill([PrefillItem(0, [7, 8])]).next_tokens  # they ride on it; it reads both replies first
+    assert group._owed == group._riders == [] and group.healthy()
     assert group.settle() == []
 
 

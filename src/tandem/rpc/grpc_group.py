@@ -8,9 +8,10 @@ and the failed verdict use unary calls. A verify batch is checked against the sh
 rules before anything is sent, and after the forward the verdict words go to every rank.
 
 Verdicts and releases are sent without waiting for their acknowledgements: the
-scheduler walks the verdict, and the next command (a propose, the next batch's verify)
-goes out behind them on the same streams, instead of each waiting a round trip. The
-acknowledgements are read before the next command's reply (replies come in order) or
+scheduler walks the verdict, and they ride on the next command to every rank (the next
+batch's verify, a prefill) in one message, instead of each waiting a round trip; before
+a command that goes to rank 0 alone (a propose), or at settle(), they go on their own.
+The acknowledgements are read before the next command's reply (replies come in order) or
 by settle(), which the engine calls before it hands out a tick's outputs, so nothing
 reaches a client before every rank has its verdict. A verdict some rank did not
 acknowledge makes the group unhealthy, and settle() names its batch, which the engine
@@ -126,7 +127,8 @@ class GrpcShardGroup:
         self._stubs: list[pb_grpc.ShardControlStub] = []
         self._sessions: list[Session] = []
         self._watchdog: Watchdog | None = None
-        self._owed: list[_Owed] = []  # oldest first
+        self._owed: list[_Owed] = []  # sent, replies not read yet; oldest first
+        self._riders: list[tuple[pb.Command, _Owed]] = []  # not sent yet: they ride on the next command
         self._unacknowledged: list[int] = []  # batches whose verdict some rank did not take
         self.on_acknowledged: Callable[[], None] | None = None  # see ShardGroup
         self._healthy = False
@@ -182,7 +184,7 @@ class GrpcShardGroup:
             self._lose(f"{what} not acknowledged: {self._describe(failed, self.deadline_s)}")
 
     def owes_acknowledgements(self) -> bool:
-        return bool(self._owed)
+        return bool(self._owed or self._riders)
 
     def settle(self) -> list[int]:
         """Read every acknowledgement still owed; the batches whose verdict some rank did
@@ -288,7 +290,7 @@ class GrpcShardGroup:
             raise ShardError(f"shard group {what} failed: {self._describe(failed, self.init_deadline_s)}", unhealthy=True)
 
     def _close_channels(self) -> None:
-        self._owed = []
+        self._owed, self._riders = [], []
         if self._watchdog is not None:
             self._watchdog.sessions = []
         for session in self._sessions:
@@ -391,10 +393,17 @@ class GrpcShardGroup:
 
     def _over_sessions(self, method: str, request, timeout: float, ranks: list[int]) -> list[_Reply]:
         field = _SESSION_FIELDS[method]
-        shared = None if isinstance(request, list) else pb.Command(timeout_s=timeout, **{field: request})
+        riders: list[tuple[pb.Command, _Owed]] = []
+        if ranks == self._all_ranks():
+            riders, self._riders = self._riders, []
+        else:
+            self._send_riders()  # every rank must see them, in order
+        before = [cmd for cmd, _ in riders]
+        shared = None if isinstance(request, list) else pb.Command(timeout_s=timeout, before=before, **{field: request})
         for rank in ranks:
-            cmd = shared or pb.Command(timeout_s=timeout, **{field: request[rank]})
-            self._sessions[rank].send(cmd, timeout)
+            cmd = shared or pb.Command(timeout_s=timeout, before=before, **{field: request[rank]})
+            self._sessions[rank].send(cmd, timeout, riders=len(before))
+        self._owed += [owed for _, owed in riders]
         lost_before = self._read_owed()  # the replies of earlier commands come first
         replies = [self._receive(rank) for rank in ranks]
         if lost_before:
@@ -412,15 +421,21 @@ class GrpcShardGroup:
         return list(range(len(self._stubs)))
 
     def _send_owed(self, method: str, request, owed: _Owed) -> None:
-        """Send on the ranks' streams without waiting; the replies are read by _read_owed."""
-        cmd = pb.Command(timeout_s=self.deadline_s, **{_SESSION_FIELDS[method]: request})
-        for rank in owed.ranks:
-            self._sessions[rank].send(cmd, None)
-        self._owed.append(owed)
+        """A command whose replies are read later (by _read_owed): it rides on the next one."""
+        self._riders.append((pb.Command(timeout_s=self.deadline_s, **{_SESSION_FIELDS[method]: request}), owed))
+
+    def _send_riders(self) -> None:
+        """Send the riders waiting for a command on their own, one message each."""
+        riders, self._riders = self._riders, []
+        for cmd, owed in riders:
+            for rank in owed.ranks:
+                self._sessions[rank].send(cmd, None)
+            self._owed.append(owed)
 
     def _read_owed(self) -> bool:
         """Read the replies of the commands sent without waiting, oldest first; whether one
         failed (the group is then unhealthy; a verdict's batch is kept for settle)."""
+        self._send_riders()
         owed, self._owed = self._owed, []
         for rank in sorted({rank for o in owed for rank in o.ranks}):
             self._sessions[rank].awaiting(self.deadline_s)  # waited for now: a hung rank times out

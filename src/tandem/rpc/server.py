@@ -74,7 +74,7 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         # message the codec refuses fails that command, not the stream.
         self._handlers: dict[str, tuple[Callable, str]] = {
             "prefill": (lambda m: codec.encode_prefill_result(self.shard.prefill(codec.decode_prefill(m))), "prefill"),
-            "verify": (lambda m: self._verify(codec.decode_verify(m)), "verify"),
+            "verify": (self._verify, "verify"),
             "commit": (lambda m: self._commit(codec.decode_verdict(m)), "done"),
             "propose": (lambda m: codec.encode_propose_result(self.shard.propose(codec.decode_propose(m))), "propose"),
             "release": (lambda m: self._release(codec.decode_release(m)), "done"),
@@ -109,7 +109,7 @@ class ShardServicer(pb_grpc.ShardControlServicer):
 
     def Session(self, request_iterator, context):
         for cmd in request_iterator:
-            yield self._session_command(cmd)
+            yield from self._session_replies(cmd)
 
     def Health(self, request, context):
         shard, last = self.shard, self._last_verdict
@@ -146,9 +146,18 @@ class ShardServicer(pb_grpc.ShardControlServicer):
 
     def _execute(self, what: str, run: Callable, remaining: float | None, *, need_shard: bool = True):
         """(result, None, "") or (None, status code, why): one command under the lock."""
-        wait = _NO_DEADLINE_WAIT_S if remaining is None else max(0.0, remaining - 0.05)
-        if not self._lock.acquire(timeout=wait):
-            return None, grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: busy with an earlier command past the {what} deadline"
+        if not self._lock.acquire(timeout=_lock_wait(remaining)):
+            return self._busy(what)
+        try:
+            return self._run_locked(what, run, need_shard=need_shard)
+        finally:
+            self._lock.release()
+
+    def _busy(self, what: str):
+        return None, grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: busy with an earlier command past the {what} deadline"
+
+    def _run_locked(self, what: str, run: Callable, *, need_shard: bool = True):
+        """_execute's work, the lock already held."""
         try:
             if need_shard and self.shard is None:
                 raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{what} before Init")
@@ -160,24 +169,48 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         except Exception as e:  # noqa: BLE001 - the caller gets every failure, with its cause
             log.exception("rank %d: %s failed", self.rank, what)
             return None, grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
-        finally:
-            self._lock.release()
 
     def _unary(self, context, kind: str, request):
         run, _ = self._handlers[kind]
         return self._command(context, kind, lambda: run(request))
 
-    def _session_command(self, cmd: pb.Command) -> pb.CommandReply:
+    def _session_replies(self, cmd: pb.Command):
+        """A Session command's replies: its riders' (each run first, in order), then its
+        own. A verify whose forward the device queues (a GPU) is queued before the riders'
+        replies are sent: the sends, and the scheduler's reading of them, overlap it."""
+        riders = [self._session_command(rider, rider=True) for rider in cmd.before]
+        if riders and cmd.WhichOneof("command") == "verify" and self.shard is not None and self.shard.forward_is_async:
+            yield from self._verify_behind_riders(cmd, riders)
+            return
+        yield from riders
+        yield self._session_command(cmd)
+
+    def _verify_behind_riders(self, cmd: pb.Command, riders: list[pb.CommandReply]):
+        if not self._lock.acquire(timeout=_lock_wait(cmd.timeout_s or None)):
+            yield from riders
+            yield _reply("done", *self._busy("verify"))
+            return
+        try:  # the lock is held from the launch to the read-back, across the riders' sends
+            finish, code, message = self._run_locked("verify", lambda: self._verify_begin(cmd.verify))
+            yield from riders
+            result = None
+            if code is None:
+                result, code, message = self._run_locked("verify", finish)
+            yield _reply("verify", result, code, message)
+        finally:
+            self._lock.release()
+
+    def _session_command(self, cmd: pb.Command, *, rider: bool = False) -> pb.CommandReply:
         """One command of a Session stream: the same work as its unary RPC, the failure
         status in the reply instead of ending the call (the stream stays open)."""
         kind = cmd.WhichOneof("command")
         if kind is None:
             return pb.CommandReply(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], details="command: none given")
+        if rider and cmd.before:
+            return pb.CommandReply(code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                   details="command.before: a rider carries no riders of its own")
         run, field = self._handlers[kind]
-        result, code, message = self._execute(kind, lambda: run(getattr(cmd, kind)), cmd.timeout_s or None)
-        if code is not None:
-            return pb.CommandReply(code=code.value[0], details=message)
-        return pb.CommandReply(**{field: result})
+        return _reply(field, *self._execute(kind, lambda: run(getattr(cmd, kind)), cmd.timeout_s or None))
 
     def _init(self, request) -> pb.InitReply:
         if self.shard is not None:
@@ -206,11 +239,20 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         return pb.InitReply(limits=codec.encode_limits(shard.limits), drafter=codec.encode_drafter_info(drafter))
 
     def _verify(self, cmd) -> pb.VerifyResult:
+        return self._verify_begin(cmd)()
+
+    def _verify_begin(self, cmd) -> Callable[[], pb.VerifyResult]:
+        """Queue the forward of a VerifyBatch message; the call returned gives its reply."""
         with self._armed_fault():
-            res = self.shard.verify(cmd)
-        if self._take_fault(pb.FaultRequest.SHORT_RESULT):
-            res = replace(res, picks=res.picks[:-1])
-        return codec.encode_verify_result(res)
+            finish = self.shard.verify_begin(codec.decode_verify(cmd))
+
+        def result() -> pb.VerifyResult:
+            res = finish()
+            if self._take_fault(pb.FaultRequest.SHORT_RESULT):
+                res = replace(res, picks=res.picks[:-1])
+            return codec.encode_verify_result(res)
+
+        return result
 
     def _commit(self, verdict: Verdict) -> pb.Empty:
         pending = self.shard.pending
@@ -258,6 +300,18 @@ class ShardServicer(pb_grpc.ShardControlServicer):
             time.sleep(_HANG_S)  # until the process is stopped
             raise RuntimeError(f"{where}: hung for {_HANG_S:.0f} s")
         raise RuntimeError(f"{where}: raise")
+
+
+def _lock_wait(remaining: float | None) -> float:
+    """How long a command with `remaining` seconds to its deadline may wait for the lock."""
+    return _NO_DEADLINE_WAIT_S if remaining is None else max(0.0, remaining - 0.05)
+
+
+def _reply(field: str, result, code: grpc.StatusCode | None, message: str) -> pb.CommandReply:
+    """A Session reply: the result in its field, or the failure status."""
+    if code is not None:
+        return pb.CommandReply(code=code.value[0], details=message)
+    return pb.CommandReply(**{field: result})
 
 
 def _join_collective_group(request, device: torch.device):

@@ -5,6 +5,9 @@ thread hand-offs (the call, then its message, then the pool worker); a message o
 open bidirectional stream pays less (measured on the 2-core dev box: ~0.35 ms less a
 verify + verdict tick). Replies come in order, one per command.
 
+A verdict or a release whose reply is read later rides on the next command to the rank
+(Command.before): one message a tick instead of two (see GrpcShardGroup).
+
 A stream has no per-message deadline, so a Watchdog thread cancels a stream whose reply
 is overdue; the waiting caller then sees DEADLINE_EXCEEDED, as a unary call would. A
 command may be sent without a deadline of its own (a verdict or a release whose
@@ -43,10 +46,13 @@ class Session:
         # the request iterator ends at None (close)
         self._call = stub.Session(iter(self._requests.get, None))
 
-    def send(self, command: pb.Command, timeout: float | None) -> None:
-        """Queue a command; timeout None: its reply has no deadline of its own."""
+    def send(self, command: pb.Command, timeout: float | None, *, riders: int = 0) -> None:
+        """Queue a command; timeout None: its reply has no deadline of its own. The
+        `riders` commands it carries (command.before) answer first, with no deadline of
+        their own: the command's bounds them, since replies come in order."""
         if self.failure is None:
             with self._lock:
+                self._due.extend([None] * riders)
                 self._due.append(None if timeout is None else time.monotonic() + timeout)
                 self._refresh_deadline()
             self._requests.put(command)

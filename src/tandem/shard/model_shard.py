@@ -5,6 +5,7 @@ refused with ShapeError before any state changes, so the rank keeps serving.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -119,8 +120,19 @@ class ModelShard:
         stacked = torch.stack(logits)  # [n, V]
         return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items]))
 
-    @torch.inference_mode()
     def verify(self, cmd: VerifyBatch) -> VerifyResult:
+        return self.verify_begin(cmd)()
+
+    @property
+    def forward_is_async(self) -> bool:
+        """Whether verify_begin returns before the forward is done (a GPU queues it)."""
+        return self.device.type == "cuda"
+
+    @torch.inference_mode()
+    def verify_begin(self, cmd: VerifyBatch) -> Callable[[], VerifyResult]:
+        """Check the batch and queue its forward; the call returned reads the picks back.
+        On a GPU the forward runs in between: the shard server answers the commands that
+        rode on this one meanwhile."""
         self.rules.check(cmd)
         for slot, pos in zip(cmd.slots, cmd.start_pos):
             self._check_slot(slot)
@@ -136,13 +148,18 @@ class ModelShard:
         if out is None:
             out = self._forward(_to_device(rows, self.device), cmd.slots, cmd.start_pos)
         # one concatenation for the batch, not one a sequence at commit (queued, no sync)
-        self.pending = _Pending(cmd=cmd, feats=self._joined(out.hidden))
-        if self.rank != 0:
-            return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
-        q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
-        picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q)
-        self.pending.picks = picks
-        return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
+        pending = self.pending = _Pending(cmd=cmd, feats=self._joined(out.hidden))
+
+        @torch.inference_mode()
+        def result() -> VerifyResult:
+            if self.rank != 0:
+                return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
+            q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
+            picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q)
+            pending.picks = picks
+            return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
+
+        return result
 
     def commit(self, verdict: Verdict) -> None:
         p = self.pending

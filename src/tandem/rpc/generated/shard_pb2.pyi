@@ -128,20 +128,22 @@ class PrefillResult(_message.Message):
     def __init__(self, next_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("timeout_s", "prefill", "verify", "commit", "propose", "release")
+    __slots__ = ("timeout_s", "prefill", "verify", "commit", "propose", "release", "before")
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     PROPOSE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
     timeout_s: float
     prefill: PrefillRequest
     verify: VerifyBatch
     commit: Verdict
     propose: ProposeBatch
     release: ReleaseRequest
-    def __init__(self, timeout_s: _Optional[float] = ..., prefill: _Optional[_Union[PrefillRequest, _Mapping]] = ..., verify: _Optional[_Union[VerifyBatch, _Mapping]] = ..., commit: _Optional[_Union[Verdict, _Mapping]] = ..., propose: _Optional[_Union[ProposeBatch, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ...) -> None: ...
+    before: _containers.RepeatedCompositeFieldContainer[Command]
+    def __init__(self, timeout_s: _Optional[float] = ..., prefill: _Optional[_Union[PrefillRequest, _Mapping]] = ..., verify: _Optional[_Union[VerifyBatch, _Mapping]] = ..., commit: _Optional[_Union[Verdict, _Mapping]] = ..., propose: _Optional[_Union[ProposeBatch, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., before: _Optional[_Iterable[_Union[Command, _Mapping]]] = ...) -> None: ...
 
 class CommandReply(_message.Message):
     __slots__ = ("code", "details", "prefill", "verify", "done", "propose")

@@ -139,8 +139,9 @@ class ShardControlServicer:
 
     def Session(self, request_iterator, context):
         """The same commands (prefill, verify, commit, propose, release) on one long-lived
-        stream per rank: one reply per command, in order. What the scheduler's tick uses:
-        a message on an open stream skips a unary call's setup and its thread hand-offs.
+        stream per rank: one reply per command (riders included), in order. What the
+        scheduler's tick uses: a message on an open stream skips a unary call's setup and
+        its thread hand-offs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
