@@ -100,6 +100,52 @@ def test_multiplexed_streams_share_one_subscription_and_keep_their_text(tp2):
     assert asyncio.run(run()) == expected
 
 
+class _CountingSubmits:
+    """An actor handle that records how many requests each submit_many call carried."""
+
+    def __init__(self, actor):
+        self._actor, self.batches = actor, []
+
+    def __getattr__(self, name):
+        return getattr(self._actor, name)
+
+    @property
+    def submit_many(self):
+        counting = self
+
+        class _Method:
+            def remote(self, requests, subscriber):
+                counting.batches.append(len(requests))
+                return counting._actor.submit_many.remote(requests, subscriber)
+
+        return _Method()
+
+
+def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_harms_none(tp2):
+    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at", "", "Red, green,"]
+    expected = {p: tp2.generate(p, max_tokens=6, temperature=0.0).text for p in prompts if p}
+    mux = tp2.multiplexed()
+
+    async def one(prompt):
+        try:
+            return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=6, temperature=0.0)])
+        except InvalidRequestError as e:
+            return e
+
+    async def run():
+        counting = mux._mux()
+        counting.actor = _CountingSubmits(counting.actor)
+        return await asyncio.gather(*(one(p) for p in prompts)), counting.actor.batches
+
+    results, batches = asyncio.run(run())
+    assert sum(batches) == len(prompts) and len(batches) < len(prompts), batches
+    for prompt, got in zip(prompts, results):
+        if prompt:
+            assert got == expected[prompt]
+        else:
+            assert isinstance(got, InvalidRequestError) and got.field == "prompt"
+
+
 def test_a_multiplexed_handle_serves_two_event_loops_at_once(tp2):
     """Each loop gets its own subscription: a pump of one loop must not feed the queues of
     another (asyncio queues belong to their loop)."""

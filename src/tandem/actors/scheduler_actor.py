@@ -223,6 +223,19 @@ class SchedulerActor:
         rid, _ = await self._add(prompt, params, request_id, messages, subscriber)
         return rid
 
+    async def submit_many(self, requests: list[tuple], subscriber: str = "") -> list[Exception | None]:
+        """submit() for several requests in one call, each (prompt, params, request_id,
+        messages): what each failed with (InvalidRequestError, EngineUnavailableError, ...),
+        or None once the engine has taken it. One bad request harms none of the others."""
+        errors: list[Exception | None] = []
+        for prompt, params, rid, messages in requests:
+            try:
+                await self._add(prompt, params, rid, messages, subscriber)
+                errors.append(None)
+            except Exception as e:  # noqa: BLE001 - the caller raises it for that request alone
+                errors.append(e)
+        return errors
+
     async def subscribe(self, subscriber: str):
         """One stream for all requests submitted under `subscriber` (call with
         num_returns="streaming"): each item is a list of wire outputs, one per request
