@@ -155,7 +155,7 @@ class SchedulerActor:
     # ---- requests -----------------------------------------------------------------------
 
     async def _add(self, prompt, params: SamplingParams | None, request_id: str | None, messages: list[dict] | None,
-                   subscriber: str | None = None):
+                   subscriber: str | None = None, wake: bool = True):
         self._ensure_started()
         e = self.engine
         if e.recovering or not e.group.healthy():
@@ -184,7 +184,8 @@ class SchedulerActor:
             self._queues.pop(rid, None)
             self._routes.pop(rid, None)
             raise
-        self._wake.set()
+        if wake:
+            self._wake.set()
         return rid, q
 
     async def generate(self, prompt=None, params: SamplingParams | None = None, request_id: str | None = None,
@@ -228,12 +229,16 @@ class SchedulerActor:
         messages): what each failed with (InvalidRequestError, EngineUnavailableError, ...),
         or None once the engine has taken it. One bad request harms none of the others."""
         errors: list[Exception | None] = []
-        for prompt, params, rid, messages in requests:
-            try:
-                await self._add(prompt, params, rid, messages, subscriber)
-                errors.append(None)
-            except Exception as e:  # noqa: BLE001 - the caller raises it for that request alone
-                errors.append(e)
+        try:
+            for prompt, params, rid, messages in requests:
+                try:
+                    # an idle step loop wakes once all are in: they share one prefill
+                    await self._add(prompt, params, rid, messages, subscriber, wake=False)
+                    errors.append(None)
+                except Exception as e:  # noqa: BLE001 - the caller raises it for that request alone
+                    errors.append(e)
+        finally:
+            self._wake.set()
         return errors
 
     async def subscribe(self, subscriber: str):
