@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -108,3 +109,25 @@ def json_line(obj: dict) -> None:
     """The benchmark's result: one JSON object on the last line of stdout."""
     sys.stdout.flush()
     print(json.dumps(rounded(obj), sort_keys=False), flush=True)
+
+
+def tiny_model_folder(out: str) -> str:
+    """The default model's tokenizer and vocabulary on a 1-layer random Llama."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tandem.model.loader import resolve_model_folder
+
+    _, src = resolve_model_folder(None)
+    for f in os.listdir(src):
+        if f.startswith("tokenizer") or f in ("special_tokens_map.json", "generation_config.json"):
+            shutil.copy(os.path.join(src, f), os.path.join(out, f))
+    with open(os.path.join(src, "config.json")) as fh:
+        base = json.load(fh)
+    cfg = LlamaConfig(vocab_size=base["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      bos_token_id=base.get("bos_token_id"), eos_token_id=base.get("eos_token_id"),
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return out

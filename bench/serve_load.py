@@ -1,6 +1,7 @@
 """Load on the served app vs the embedded engine at the same batch.
 
     python bench/serve_load.py [--concurrency 1 16 64] [--max-tokens 32] [--shards 1] [--grpc]
+                               [--model smollm2 | tiny-random | a model folder or GGUF]
 
 For each concurrency C, C streaming clients start at once on loopback (OpenAI
 /v1/completions, stream: true, greedy, ignore_eos so every request makes exactly
@@ -35,6 +36,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+TINY = "tiny-random"
 
 PROMPTS = [
     "The history of the printing press begins",
@@ -193,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--model", default="smollm2",
+                    help=f"the model, or {TINY!r}: a 1-layer random model with the default model's tokenizer, whose "
+                         "forward costs little, so the serving path's own cost shows (on a CPU)")
     ap.add_argument("--drafter", default="ngram")
     ap.add_argument("--shards", type=int, default=1, help="tensor parallel ranks of the served engine (shard actors)")
     ap.add_argument("--in-process-target", action="store_true", help="serve with the rank inside the scheduler actor (no gRPC)")
@@ -213,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     max_seqs = max(args.concurrency)
     import torch
+
+    if args.model == TINY:
+        import tempfile
+
+        from common import tiny_model_folder
+
+        args.model = tiny_model_folder(tempfile.mkdtemp(prefix="tandem-tiny-"))
 
     gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = "cuda" if gpu else "cpu"

@@ -15,41 +15,17 @@ host = tick - verify. Prints a table, then one JSON line:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
 import tempfile
 import time
 
-from common import json_line, machine, print_table, setup_torch
+from common import json_line, machine, print_table, setup_torch, tiny_model_folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROMPTS = ["The history of the printing press begins", "def quicksort(items):",
            "Here is a recipe for a simple tomato soup:", "Once upon a time, in a small village by the sea,"]
-
-
-def tiny_model_folder(out: str) -> str:
-    """The default model's tokenizer and vocabulary on a 1-layer random Llama."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tandem.model.loader import resolve_model_folder
-
-    _, src = resolve_model_folder(None)
-    for f in os.listdir(src):
-        if f.startswith("tokenizer") or f in ("special_tokens_map.json", "generation_config.json"):
-            shutil.copy(os.path.join(src, f), os.path.join(out, f))
-    with open(os.path.join(src, "config.json")) as fh:
-        base = json.load(fh)
-    cfg = LlamaConfig(vocab_size=base["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      bos_token_id=base.get("bos_token_id"), eos_token_id=base.get("eos_token_id"),
-                      tie_word_embeddings=True)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    return out
 
 
 class TimedVerify:
