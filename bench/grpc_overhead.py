@@ -12,9 +12,9 @@ alike. The gRPC group sends the tick's commands on one Session stream per rank a
 waits for the verdict's acknowledgement in each tick (what an embedded engine on gRPC
 shards does); "verdict riding" leaves it to ride on the next tick's verify (one message
 a tick: what the scheduler actor's engine does, its outputs leaving mid-tick); the same
-group with unary calls is shown for comparison. The two-rank
-group (tensor parallel 2, gloo) is shown for information: its ticks also pay the
-forward's all-reduces, which are not control path.
+group with unary calls is shown for comparison. The two-rank group (tensor parallel 2,
+gloo) is shown for information: its ticks also pay the forward's all-reduces, which are
+not control path.
 
     python bench/grpc_overhead.py [--ticks 400] [--no-tp2]
 

@@ -133,9 +133,9 @@ def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_
             return e
 
     async def run():
-        counting = mux._mux()
-        counting.actor = _CountingSubmits(counting.actor)
-        return await asyncio.gather(*(one(p) for p in prompts)), counting.actor.batches
+        loop_mux = mux._mux()  # this event loop's subscription
+        loop_mux.actor = _CountingSubmits(loop_mux.actor)
+        return await asyncio.gather(*(one(p) for p in prompts)), loop_mux.actor.batches
 
     results, batches = asyncio.run(run())
     assert sum(batches) == len(prompts) and len(batches) < len(prompts), batches

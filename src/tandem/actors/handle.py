@@ -191,7 +191,6 @@ class _Multiplexer:
             if not finished:
                 self.actor.abort.remote(rid)
 
-
     async def _submit(self, request: tuple) -> None:
         """Submit one request (coalesced with others, see the class); raise what it failed with."""
         done = asyncio.get_running_loop().create_future()

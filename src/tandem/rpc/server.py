@@ -188,7 +188,7 @@ class ShardServicer(pb_grpc.ShardControlServicer):
     def _verify_behind_riders(self, cmd: pb.Command, riders: list[pb.CommandReply]):
         if not self._lock.acquire(timeout=_lock_wait(cmd.timeout_s or None)):
             yield from riders
-            yield _reply("done", *self._busy("verify"))
+            yield _reply("verify", *self._busy("verify"))
             return
         try:  # the lock is held from the launch to the read-back, across the riders' sends
             finish, code, message = self._run_locked("verify", lambda: self._verify_begin(cmd.verify))
