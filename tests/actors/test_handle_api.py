@@ -146,6 +146,37 @@ def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_
             assert isinstance(got, InvalidRequestError) and got.field == "prompt"
 
 
+def test_a_multiplexed_stream_cancelled_while_its_submission_waits_leaves_nothing_running(tp2):
+    """A client that leaves while its request waits behind a submission on its way: the
+    others still get their text, and nothing is left running (the request is not sent,
+    or its abort stops it)."""
+    import time
+
+    mux = tp2.multiplexed()
+
+    async def one(prompt, max_tokens):
+        return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=max_tokens, temperature=0.0)])
+
+    async def run():
+        first = asyncio.ensure_future(one("Once upon a time", 4))
+        for _ in range(3):
+            await asyncio.sleep(0)  # its submission is on its way
+        leaving = asyncio.ensure_future(one("Count to one hundred: 1, 2, 3,", 480))
+        other = asyncio.ensure_future(one("Water boils at", 4))
+        await asyncio.sleep(0)  # both wait behind it
+        leaving.cancel()
+        texts = await asyncio.gather(first, other)
+        await asyncio.gather(leaving, return_exceptions=True)
+        return texts
+
+    assert all(asyncio.run(run()))
+    deadline = time.monotonic() + 5
+    while (tp2.health()["running"] or tp2.health()["waiting"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    health = tp2.health()
+    assert health["running"] == 0 and health["waiting"] == 0, health
+
+
 def test_a_multiplexed_handle_serves_two_event_loops_at_once(tp2):
     """Each loop gets its own subscription: a pump of one loop must not feed the queues of
     another (asyncio queues belong to their loop)."""
