@@ -217,17 +217,11 @@ class SchedulerActor:
         finally:
             await self._forget(rid, finished)
 
-    async def submit(self, prompt=None, params: SamplingParams | None = None, request_id: str | None = None,
-                     messages: list[dict] | None = None, subscriber: str = "") -> str:
-        """Start a request whose outputs go to the subscription `subscriber` (see subscribe);
-        returns its id once the engine has taken it."""
-        rid, _ = await self._add(prompt, params, request_id, messages, subscriber)
-        return rid
-
     async def submit_many(self, requests: list[tuple], subscriber: str = "") -> list[Exception | None]:
-        """submit() for several requests in one call, each (prompt, params, request_id,
-        messages): what each failed with (InvalidRequestError, EngineUnavailableError, ...),
-        or None once the engine has taken it. One bad request harms none of the others."""
+        """Start requests, each (prompt, params, request_id, messages), whose outputs go to
+        the subscription `subscriber` (see subscribe): what each failed with
+        (InvalidRequestError, EngineUnavailableError, ...), or None once the engine has
+        taken it. One bad request harms none of the others."""
         errors: list[Exception | None] = []
         try:
             for prompt, params, rid, messages in requests:
