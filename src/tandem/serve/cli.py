@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens-limit", type=int, default=1024, help=fields["max_tokens_limit"].description)
     p.add_argument("--device", default="auto", help=fields["device"].description)
     p.add_argument("--dtype", default="auto", help=fields["dtype"].description)
+    p.add_argument("--in-process-target", action="store_true", help=fields["in_process_target"].description)
     p.add_argument("--gpus-per-shard", type=float, default=None, help="GPUs per shard actor (default: 1 when this machine has a GPU, else 0).")
     p.add_argument("--host", default="127.0.0.1", help="Address the HTTP server binds (0.0.0.0 to listen on all interfaces).")
     p.add_argument("--port", type=int, default=8000, help="HTTP port.")
@@ -64,6 +65,7 @@ def serve_args(args: argparse.Namespace) -> TandemServeArgs:
         dtype=args.dtype,
         api_key=args.api_key,
         shard_num_gpus=gpus,
+        in_process_target=args.in_process_target,
     )
 
 
