@@ -43,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
     if args.port_file:
         _write_atomically(args.port_file, address)
     print(f"tandem shard listening on {address}", flush=True)
-    stop.wait()
+    # Timed waits: a signal may land on any thread (CUDA and gRPC start many), and its
+    # handler runs only once the main thread is back in Python.
+    while not stop.wait(0.5):
+        pass
     server.stop(grace=1.0).wait(2.0)
     # A forward may still hang in a pool thread (or in a collective): do not wait for it.
     sys.stdout.flush()
