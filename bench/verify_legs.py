@@ -1,0 +1,231 @@
+"""Where a verify over gRPC spends its time: the two legs of the round trip and the shard's
+own work, against the same verify in process.
+
+    python bench/verify_legs.py [--model smollm2 | tiny-random | a folder or GGUF]
+                                [--concurrency 1 16] [--runs 3] [--pin 2,3[/4,5]]
+
+The same greedy requests (32 tokens each, C at once) run on the embedded engine and on
+the engine over one gRPC shard process (no Ray), taking turns. The shard process is this
+script in its worker mode: the usual shard server, whose Session replies are stamped
+(when the command came out of the stream, when its reply was ready). Both processes
+read the same monotonic clock, so each verify of the scheduler splits into
+
+    up     the scheduler sends the command -> the shard's handler has it
+    shard  the handler has it -> the reply is ready (the riders, i.e. the last verdict,
+           included: in process that commit is not part of the verify's time)
+    down   the reply is ready -> the scheduler has it
+
+--pin puts the scheduler's threads on the first set of cores and the shard's on the
+second (or the same set): how much of the legs is threads waking on idle cores.
+Prints a table, then one JSON line: {"legs_ms": {"c1": {"up": ..., "shard": ..., "down": ...,
+"verify_grpc": ..., "verify_local": ...}, ...}}.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import json_line, machine, print_table, tiny_model_folder
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY = "tiny-random"
+MAX_TOKENS = 32
+PROMPTS = ["The history of the printing press begins", "def quicksort(items):",
+           "Here is a recipe for a simple tomato soup:", "Once upon a time, in a small village by the sea,",
+           "A list of the planets in our solar system:", "To configure a Linux firewall, first"]
+
+
+# ---- the shard worker ----------------------------------------------------------------------
+
+def shard_worker(folder: str) -> None:
+    """`tandem shard` (exits with its parent), its Session replies stamped into folder/stamps."""
+    from tandem.rpc import server, shard_cli
+
+    out = open(os.path.join(folder, "stamps"), "w", buffering=1)
+    replies = server.ShardServicer._session_replies
+
+    def stamped(self, cmd):
+        got, kind = time.perf_counter(), cmd.WhichOneof("command")
+        for reply in replies(self, cmd):
+            ready = time.perf_counter()
+            yield reply
+            out.write(f"{kind} {got} {ready}\n")  # after the send: off the reply's path
+
+    server.ShardServicer._session_replies = stamped
+    shard_cli.main(["--bind", "127.0.0.1:0", "--port-file", os.path.join(folder, "addr"),
+                    "--parent-pid", str(os.getppid())])
+
+
+class WorkerLauncher:
+    """One shard process running shard_worker (the ShardLauncher protocol)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tandem-legs-")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> list[str]:
+        self.stop()
+        port_file = os.path.join(self.dir, "addr")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        with open(os.path.join(self.dir, "log"), "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--shard-worker", self.dir],
+                                         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(port_file):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                with open(os.path.join(self.dir, "log")) as f:
+                    raise RuntimeError(f"the shard worker did not start:\n{f.read()[-3000:]}")
+            time.sleep(0.05)
+        with open(port_file) as f:
+            return [f.read().strip()]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def stamps(self) -> list[tuple[str, float, float]]:
+        with open(os.path.join(self.dir, "stamps")) as f:
+            return [(kind, float(got), float(ready)) for kind, got, ready in (line.split() for line in f)]
+
+
+# ---- the driver ----------------------------------------------------------------------------
+
+class VerifyTimes:
+    """Wraps a shard group: (start, end) of every verify."""
+
+    def __init__(self, group):
+        self.group, self.calls = group, []
+
+    def __getattr__(self, name):
+        return getattr(self.group, name)
+
+    def verify(self, cmd):
+        t = time.perf_counter()
+        try:
+            return self.group.verify(cmd)
+        finally:
+            self.calls.append((t, time.perf_counter()))
+
+
+def run(engine, n: int) -> float:
+    """n requests at once to the end; tokens/s."""
+    from tandem.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    done: set[str] = set()
+
+    def take(outs) -> None:
+        done.update(o.request_id for o in outs if o.finished)
+
+    engine.emit = take  # as the scheduler actor runs it
+    t0 = time.perf_counter()
+    for i in range(n):
+        engine.add_request(PROMPTS[i % len(PROMPTS)], params)
+    while len(done) < n:
+        take(engine.step())
+    return n * MAX_TOKENS / (time.perf_counter() - t0)
+
+
+def say(what: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), cores)
+
+
+def legs(calls: list[tuple[float, float]], stamps: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Median legs (ms) of the verifies whose shard stamps fall inside them."""
+    verifies = sorted((got, ready) for kind, got, ready in stamps if kind == "verify")
+    up, shard, down = [], [], []
+    for start, end in calls:
+        inside = [s for s in verifies if start <= s[0] <= end]
+        if inside:
+            got, ready = inside[-1]
+            up.append(got - start)
+            shard.append(ready - got)
+            down.append(end - ready)
+    med = lambda xs: 1000 * statistics.median(xs) if xs else float("nan")  # noqa: E731
+    return {"up": med(up), "shard": med(shard), "down": med(down), "matched": len(up)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help=f"the model, or {TINY!r} (a 1-layer random model)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per side and concurrency")
+    ap.add_argument("--pin", default=None, metavar="CORES[/CORES]",
+                    help="pin the scheduler's threads to these cores and the shard's to the second set (default: the same)")
+    ap.add_argument("--shard-worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.shard_worker:
+        shard_worker(args.shard_worker)
+        return 0
+
+    from tandem.config import EngineConfig
+    from tandem.engine import Engine
+    from tandem.model.loader import load_tokenizer
+    from tandem.rpc.grpc_group import GrpcShardGroup
+
+    if args.model == TINY:
+        args.model = tiny_model_folder(tempfile.mkdtemp(prefix="tandem-tiny-"))
+    config = EngineConfig(model=args.model, max_num_seqs=max(args.concurrency), max_seq_len=512)
+    say("loading the embedded engine")
+    local = Engine.from_config(config, progress=False)
+    say("starting the shard process")
+    launcher = WorkerLauncher()
+    tok = load_tokenizer(config.model, progress=False)
+    remote = Engine(GrpcShardGroup(config.shard_spec(), launcher), tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
+    if args.pin:
+        mine, _, theirs = args.pin.partition("/")
+        pin(os.getpid(), {int(c) for c in mine.split(",")})
+        pin(launcher.proc.pid, {int(c) for c in (theirs or mine).split(",")})
+    sides = {"local": local, "grpc": remote}
+    for side, engine in sides.items():
+        engine.group = engine.ctx.group = VerifyTimes(engine.group)
+    results: dict[int, dict] = {}
+    try:
+        for n in args.concurrency:
+            say(f"{n} at once")
+            for engine in sides.values():  # warm-up: graphs of this batch's shapes, adaptive state
+                run(engine, n)
+            marks = {side: len(e.group.calls) for side, e in sides.items()}
+            tps = {side: [] for side in sides}
+            for _ in range(args.runs):
+                for side, engine in sides.items():
+                    tps[side].append(run(engine, n))
+            results[n] = {side: (max(tps[side]), e.group.calls[marks[side]:]) for side, e in sides.items()}
+    finally:
+        remote.close()
+        local.close()
+    stamps = launcher.stamps()
+
+    rows, out = [], {}
+    for n, r in results.items():
+        verify = {side: 1000 * statistics.median(b - a for a, b in calls) for side, (_, calls) in r.items()}
+        split = legs(r["grpc"][1], stamps)
+        out[f"c{n}"] = {"verify_local": verify["local"], "verify_grpc": verify["grpc"], **split,
+                        "tokens_per_s_local": r["local"][0], "tokens_per_s_grpc": r["grpc"][0]}
+        rows.append([n, verify["local"], verify["grpc"], split["up"], split["shard"], split["down"],
+                     r["local"][0], r["grpc"][0]])
+    print_table(["C", "verify in process", "verify over gRPC", "up", "shard", "down", "tok/s local", "tok/s gRPC"], rows,
+                title=f"median ms a verify{' (pinned ' + args.pin + ')' if args.pin else ''}")
+    json_line({"legs_ms": out, "pin": args.pin, "machine": machine()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
