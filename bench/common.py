@@ -111,6 +111,29 @@ def json_line(obj: dict) -> None:
     print(json.dumps(rounded(obj), sort_keys=False), flush=True)
 
 
+class TimedVerify:
+    """Wraps a shard group: (start, end) of every verify, and the milliseconds spent in
+    verify since the last take()."""
+
+    def __init__(self, group):
+        self.group, self.calls, self._taken = group, [], 0
+
+    def __getattr__(self, name):
+        return getattr(self.group, name)
+
+    def verify(self, cmd):
+        t = time.perf_counter()
+        try:
+            return self.group.verify(cmd)
+        finally:
+            self.calls.append((t, time.perf_counter()))
+
+    def take(self) -> float:
+        ms = sum(end - start for start, end in self.calls[self._taken :]) * 1000.0
+        self._taken = len(self.calls)
+        return ms
+
+
 def tiny_model_folder(out: str) -> str:
     """The default model's tokenizer and vocabulary on a 1-layer random Llama."""
     import torch

@@ -20,33 +20,12 @@ import statistics
 import tempfile
 import time
 
-from common import json_line, machine, print_table, setup_torch, tiny_model_folder
+from common import TimedVerify, json_line, machine, print_table, setup_torch, tiny_model_folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROMPTS = ["The history of the printing press begins", "def quicksort(items):",
            "Here is a recipe for a simple tomato soup:", "Once upon a time, in a small village by the sea,"]
-
-
-class TimedVerify:
-    """Wraps a shard group: the milliseconds spent in verify since the last take()."""
-
-    def __init__(self, group):
-        self.group, self.ms = group, 0.0
-
-    def __getattr__(self, name):
-        return getattr(self.group, name)
-
-    def verify(self, cmd):
-        t = time.perf_counter()
-        try:
-            return self.group.verify(cmd)
-        finally:
-            self.ms += (time.perf_counter() - t) * 1000.0
-
-    def take(self) -> float:
-        ms, self.ms = self.ms, 0.0
-        return ms
 
 
 def measure(engine, timed: TimedVerify, n: int, max_tokens: int) -> tuple[float, float]:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from common import json_line, machine, print_table, tiny_model_folder
+from common import TimedVerify, json_line, machine, print_table, tiny_model_folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -101,23 +101,6 @@ class WorkerLauncher:
 
 
 # ---- the driver ----------------------------------------------------------------------------
-
-class VerifyTimes:
-    """Wraps a shard group: (start, end) of every verify."""
-
-    def __init__(self, group):
-        self.group, self.calls = group, []
-
-    def __getattr__(self, name):
-        return getattr(self.group, name)
-
-    def verify(self, cmd):
-        t = time.perf_counter()
-        try:
-            return self.group.verify(cmd)
-        finally:
-            self.calls.append((t, time.perf_counter()))
-
 
 def run(engine, n: int) -> float:
     """n requests at once to the end; tokens/s."""
@@ -195,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         pin(launcher.proc.pid, {int(c) for c in (theirs or mine).split(",")})
     sides = {"local": local, "grpc": remote}
     for side, engine in sides.items():
-        engine.group = engine.ctx.group = VerifyTimes(engine.group)
+        engine.group = engine.ctx.group = TimedVerify(engine.group)
     results: dict[int, dict] = {}
     try:
         for n in args.concurrency:
