@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         remote.close()
         local.close()
     stamps = launcher.stamps()
+    shutil.rmtree(launcher.dir, ignore_errors=True)
 
     rows, out = [], {}
     for n, r in results.items():
