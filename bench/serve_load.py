@@ -300,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             "embedded": {k: round(v, 2) for k, v in e.items()},
         }
     print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "device": device,
+                      "in_process_target": args.in_process_target, "through_proxy": args.through_proxy,
                       "concurrency": result}))
     return 0
 
