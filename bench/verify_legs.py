@@ -4,8 +4,8 @@ own work, against the same verify in process.
     python bench/verify_legs.py [--model smollm2 | tiny-random | a folder or GGUF]
                                 [--concurrency 1 16] [--runs 3] [--pin 2,3[/4,5]]
 
-The same greedy requests (32 tokens each, C at once) run on the embedded engine and on
-the engine over one gRPC shard process (no Ray), taking turns. The shard process is this
+serve_load's greedy requests (32 tokens each, C at once) run on the embedded engine and
+on the engine over one gRPC shard process (no Ray), taking turns. The shard process is this
 script in its worker mode: the usual shard server, whose Session replies are stamped
 (when the command came out of the stream, when its reply was ready). Both processes
 read the same monotonic clock, so each verify of the scheduler splits into
@@ -32,14 +32,11 @@ import tempfile
 import time
 
 from common import TimedVerify, json_line, machine, print_table, tiny_model_folder
+from serve_load import TINY, run_embedded
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY = "tiny-random"
 MAX_TOKENS = 32
-PROMPTS = ["The history of the printing press begins", "def quicksort(items):",
-           "Here is a recipe for a simple tomato soup:", "Once upon a time, in a small village by the sea,",
-           "A list of the planets in our solar system:", "To configure a Linux firewall, first"]
 
 
 # ---- the shard worker ----------------------------------------------------------------------
@@ -104,22 +101,8 @@ class WorkerLauncher:
 # ---- the driver ----------------------------------------------------------------------------
 
 def run(engine, n: int) -> float:
-    """n requests at once to the end; tokens/s."""
-    from tandem.sampling_params import SamplingParams
-
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    done: set[str] = set()
-
-    def take(outs) -> None:
-        done.update(o.request_id for o in outs if o.finished)
-
-    engine.emit = take  # as the scheduler actor runs it
-    t0 = time.perf_counter()
-    for i in range(n):
-        engine.add_request(PROMPTS[i % len(PROMPTS)], params)
-    while len(done) < n:
-        take(engine.step())
-    return n * MAX_TOKENS / (time.perf_counter() - t0)
+    """n requests at once to the end, as serve_load runs the embedded engine; tokens/s."""
+    return run_embedded(engine, n, MAX_TOKENS)["tokens_per_s"]
 
 
 def say(what: str) -> None:
