@@ -111,34 +111,59 @@ class Engine:
     # ---- requests -----------------------------------------------------------------------
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError("params", f"expected SamplingParams, got {type(params).__name__}")
+        """Queue one request for the next tick; its id. Raises InvalidRequestError for bad
+        input, EngineUnavailableError while the shard group recovers."""
+        (result,) = self.add_requests([(prompt, params, request_id)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def add_requests(self, requests: list[tuple]) -> list[str | Exception]:
+        """Queue several requests, each (prompt, params, request_id or None), for the same
+        tick: per request its id, or the error it was refused with (one bad request harms
+        none of the others). All that are taken land in the inbox together, so a burst is
+        prefilled as one batch even while a tick is in progress."""
         if self.recovering:
-            raise EngineUnavailableError("the shard group is recovering; retry shortly")
-        ids = self._prompt_ids(prompt)
-        # Only the short submit lock, never the tick's: a request sent during a tick waits
+            return [EngineUnavailableError("the shard group is recovering; retry shortly") for _ in requests]
+        prepared: list[tuple | Exception] = []
+        for prompt, params, request_id in requests:
+            params = params or SamplingParams()
+            try:
+                if not isinstance(params, SamplingParams):
+                    raise InvalidRequestError("params", f"expected SamplingParams, got {type(params).__name__}")
+                prepared.append((prompt, self._prompt_ids(prompt), params, request_id))
+            except InvalidRequestError as e:
+                prepared.append(e)
+        results: list[str | Exception] = []
+        # Only the short submit lock, never the tick's: requests sent during a tick wait
         # in the inbox, and the next tick takes every waiting one at once.
         with self._submit_lock:
-            if request_id is None:
-                self._ids += 1
-                request_id = f"req-{self._ids}"
-            elif request_id in self.requests:
-                raise InvalidRequestError("request_id", f"{request_id!r} is already running")
-            seq = Sequence(
-                request_id=request_id,
-                prompt=prompt if isinstance(prompt, str) else None,
-                prompt_ids=ids,
-                params=params,
-                seed=params.seed if params.seed is not None else secrets.randbits(63),
-                eos_ids=self.eos_ids,
-                max_seq_len=self.group.limits.max_seq_len,
-                arrival=self.clock.now(),
-            )
-            seq.spec = self.adaptive.new_state()
-            self.requests[request_id] = seq
-            self._inbox.append(seq)
-        return request_id
+            for item in prepared:
+                if isinstance(item, Exception):
+                    results.append(item)
+                    continue
+                prompt, ids, params, request_id = item
+                if request_id is None:
+                    self._ids += 1
+                    request_id = f"req-{self._ids}"
+                elif request_id in self.requests:
+                    results.append(InvalidRequestError("request_id", f"{request_id!r} is already running"))
+                    continue
+                seq = Sequence(
+                    request_id=request_id,
+                    prompt=prompt if isinstance(prompt, str) else None,
+                    prompt_ids=ids,
+                    params=params,
+                    seed=params.seed if params.seed is not None else secrets.randbits(63),
+                    eos_ids=self.eos_ids,
+                    max_seq_len=self.group.limits.max_seq_len,
+                    arrival=self.clock.now(),
+                )
+                seq.spec = self.adaptive.new_state()
+                self.requests[request_id] = seq
+                self._inbox.append(seq)
+                results.append(request_id)
+        return results
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):

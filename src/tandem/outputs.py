@@ -1,7 +1,7 @@
 """What the engine hands back for a request: whole results and streaming deltas."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

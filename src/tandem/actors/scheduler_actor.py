@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -30,6 +31,10 @@ from tandem.sampling_params import SamplingParams
 log = logging.getLogger("tandem.actors")
 
 _INLINE_PROMPT_LEN = 4096  # prompts up to this long (characters or token ids) are taken on the event loop
+# The step thread holds the GIL for most of a tick on a GPU (Python between kernel
+# launches, drafting), and the event loop, which takes requests in and sends outputs out,
+# then waits up to the switch interval (5 ms by default) each time it needs the GIL.
+_GIL_SWITCH_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class SchedulerActor:
     """Create with ray.remote(SchedulerActor) (see tandem.actors.handle.start)."""
 
     def __init__(self, settings: SchedulerSettings):
+        sys.setswitchinterval(_GIL_SWITCH_S)  # this process is the actor's alone
         self.settings = settings
         self.engine, self.launcher = self._build_engine(settings)
         self.engine.emit = self._emit  # a tick's outputs go without waiting for the next tick's end
@@ -155,38 +161,73 @@ class SchedulerActor:
     # ---- requests -----------------------------------------------------------------------
 
     async def _add(self, prompt, params: SamplingParams | None, request_id: str | None, messages: list[dict] | None,
-                   subscriber: str | None = None, wake: bool = True):
+                   subscriber: str | None = None) -> tuple[str, asyncio.Queue | None]:
+        """Start one request: its id and, without a subscriber, its own queue."""
+        (result,) = await self._add_many([(prompt, params, request_id, messages)], subscriber)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def _add_many(self, requests: list[tuple], subscriber: str | None) -> list:
+        """Start requests, each (prompt, params, request_id, messages): per request (its
+        id, its queue or None) or the error it failed with. The engine takes them in one
+        call, so they share a prefill even when a tick is running (see Engine.add_requests)."""
         self._ensure_started()
         e = self.engine
         if e.recovering or not e.group.healthy():
-            raise EngineUnavailableError("the shard group is recovering; retry shortly")
-        if messages is not None:
-            if prompt is not None:
-                raise InvalidRequestError("messages", "give either a prompt or messages, not both")
-            prompt = e.chat_prompt(messages)
-        rid = request_id or f"req-{uuid.uuid4().hex}"
-        if rid in self._queues or rid in self._routes:
-            raise InvalidRequestError("request_id", f"{rid!r} is already running")
-        q: asyncio.Queue | None = None
-        if subscriber is None:
-            q = self._queues[rid] = asyncio.Queue()
-        else:
-            self._routes[rid] = subscriber
+            return [EngineUnavailableError("the shard group is recovering; retry shortly") for _ in requests]
+        results: list = [None] * len(requests)
+        taken: list[tuple[int, str, tuple]] = []  # (index, request id, what the engine gets)
+        ids: set[str] = set()
+        for i, (prompt, params, request_id, messages) in enumerate(requests):
+            try:
+                if messages is not None:
+                    if prompt is not None:
+                        raise InvalidRequestError("messages", "give either a prompt or messages, not both")
+                    prompt = e.chat_prompt(messages)
+                rid = request_id or f"req-{uuid.uuid4().hex}"
+                if rid in self._queues or rid in self._routes or rid in ids:
+                    raise InvalidRequestError("request_id", f"{rid!r} is already running")
+            except Exception as err:  # noqa: BLE001 - that request's error alone
+                results[i] = err
+                continue
+            ids.add(rid)
+            taken.append((i, rid, (prompt, params, rid)))
+        # routes first: a tick on the step thread may have outputs for them before the
+        # engine call returns (the long-prompt path gives up the event loop)
+        for i, rid, _ in taken:
+            results[i] = (rid, self._open(rid, subscriber))
+        batch = [t[2] for t in taken]
         try:
-            if isinstance(prompt, (str, list)) and len(prompt) > _INLINE_PROMPT_LEN:
-                # tokenizing (or checking) a long prompt takes a while: off the event loop
-                await self._loop.run_in_executor(self._pool, e.add_request, prompt, params, rid)
+            if sum(len(p) for p, _, _ in batch if isinstance(p, (str, list))) > _INLINE_PROMPT_LEN:
+                # tokenizing (or checking) long prompts takes a while: off the event loop
+                added = await self._loop.run_in_executor(self._pool, e.add_requests, batch)
             else:
-                # a short one costs less than the hop to a pool thread and back, which the
-                # first token waits for; add_request takes only the short submit lock
-                e.add_request(prompt, params, rid)
+                # short ones cost less than the hop to a pool thread and back, which the
+                # first token waits for; add_requests takes only the short submit lock
+                added = e.add_requests(batch)
         except BaseException:
-            self._queues.pop(rid, None)
-            self._routes.pop(rid, None)
+            for _, rid, _ in taken:
+                self._close(rid)
             raise
-        if wake:
-            self._wake.set()
-        return rid, q
+        for (i, rid, _), result in zip(taken, added):
+            if isinstance(result, Exception):
+                self._close(rid)
+                results[i] = result
+        self._wake.set()
+        return results
+
+    def _open(self, rid: str, subscriber: str | None) -> asyncio.Queue | None:
+        """Where the request's outputs go: its own queue, or its subscriber's stream."""
+        if subscriber is not None:
+            self._routes[rid] = subscriber
+            return None
+        q = self._queues[rid] = asyncio.Queue()
+        return q
+
+    def _close(self, rid: str) -> None:
+        self._queues.pop(rid, None)
+        self._routes.pop(rid, None)
 
     async def generate(self, prompt=None, params: SamplingParams | None = None, request_id: str | None = None,
                        messages: list[dict] | None = None) -> RequestOutput:
@@ -221,19 +262,9 @@ class SchedulerActor:
         """Start requests, each (prompt, params, request_id, messages), whose outputs go to
         the subscription `subscriber` (see subscribe): what each failed with
         (InvalidRequestError, EngineUnavailableError, ...), or None once the engine has
-        taken it. One bad request harms none of the others."""
-        errors: list[Exception | None] = []
-        try:
-            for prompt, params, rid, messages in requests:
-                try:
-                    # an idle step loop wakes once all are in: they share one prefill
-                    await self._add(prompt, params, rid, messages, subscriber, wake=False)
-                    errors.append(None)
-                except Exception as e:  # noqa: BLE001 - the caller raises it for that request alone
-                    errors.append(e)
-        finally:
-            self._wake.set()
-        return errors
+        taken it. One bad request harms none of the others; the rest share a prefill."""
+        results = await self._add_many(requests, subscriber)
+        return [r if isinstance(r, Exception) else None for r in results]
 
     async def subscribe(self, subscriber: str):
         """One stream for all requests submitted under `subscriber` (call with

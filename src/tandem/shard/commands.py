@@ -6,7 +6,7 @@ onto protos/shard.proto messages.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tandem.errors import ShapeError
 

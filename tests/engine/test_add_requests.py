@@ -1,0 +1,65 @@
+"""Engine.add_requests: a burst handed in together is prefilled together, and a bad
+request in it is refused alone."""
+from __future__ import annotations
+
+import threading
+
+from tandem.errors import EngineUnavailableError, InvalidRequestError
+from tandem.sampling_params import SamplingParams
+
+from .prompts import PROMPTS
+from .test_admission_during_a_tick import GatedGroup
+
+
+def test_a_bad_request_in_a_batch_is_refused_alone(make_engine):
+    engine = make_engine("ngram")
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    results = engine.add_requests([
+        (PROMPTS[0], params, "a"),
+        ("", params, "empty"),
+        (PROMPTS[1], "not params", "mistyped"),
+        (PROMPTS[2], params, "a"),  # the id of the first, in the same batch
+        (PROMPTS[3], None, None),
+    ])
+    assert results[0] == "a"
+    assert isinstance(results[1], InvalidRequestError) and results[1].field == "prompt"
+    assert isinstance(results[2], InvalidRequestError) and results[2].field == "params"
+    assert isinstance(results[3], InvalidRequestError) and results[3].field == "request_id"
+    assert isinstance(results[4], str)
+    done = {}
+    while engine.has_unfinished():
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert set(done) == {"a", results[4]}
+    alone = engine.generate([PROMPTS[0]], params)[0]
+    assert done["a"].token_ids == alone.token_ids
+
+
+def test_a_batch_sent_during_a_tick_is_admitted_by_one_tick(make_engine, local_group):
+    group = GatedGroup(local_group)
+    engine = make_engine("none", group=group)
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    engine.add_request(PROMPTS[0], params)
+    engine.step()  # its prefill; the next tick verifies it, and waits at the gate
+    ticker = threading.Thread(target=engine.step)
+    ticker.start()
+    try:
+        assert group.entered.wait(30), "the tick never reached its verify"
+        ids = engine.add_requests([(p, params, None) for p in PROMPTS[1:5]])
+        assert all(isinstance(i, str) for i in ids)
+    finally:
+        group.gate.set()
+        ticker.join(30)
+    firsts = {o.request_id: o for o in engine.step() if o.request_id in ids}
+    assert set(firsts) == set(ids)  # all four had their first token from the same tick
+    assert all(len(o.token_ids) == 1 for o in firsts.values())
+
+
+def test_a_recovering_engine_refuses_every_request_of_a_batch(make_engine):
+    engine = make_engine("none")
+    engine.recovering = True
+    try:
+        results = engine.add_requests([(PROMPTS[0], None, None), (PROMPTS[1], None, None)])
+    finally:
+        engine.recovering = False
+    assert len(results) == 2 and all(isinstance(r, EngineUnavailableError) for r in results)
+    assert not engine.has_unfinished()
