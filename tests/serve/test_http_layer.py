@@ -167,7 +167,7 @@ def test_a_stream_holds_back_text_that_may_begin_a_stop_string():
 
 
 def test_stream_deltas_hold_back_what_may_begin_a_stop_string():
-    from tandem.serve.api import TextDeltas
+    from tandem.serve.sse_chunks import TextDeltas
 
     d = TextDeltas(("\n\nEND",))
     sent = [d.next(_out("", x, False)) for x in ("a", "b\n", "\nE", "N")]
