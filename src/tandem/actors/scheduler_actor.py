@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import time
 import uuid
@@ -31,10 +30,6 @@ from tandem.sampling_params import SamplingParams
 log = logging.getLogger("tandem.actors")
 
 _INLINE_PROMPT_LEN = 4096  # prompts up to this long (characters or token ids) are taken on the event loop
-# The step thread holds the GIL for most of a tick on a GPU (Python between kernel
-# launches, drafting), and the event loop, which takes requests in and sends outputs out,
-# then waits up to the switch interval (5 ms by default) each time it needs the GIL.
-_GIL_SWITCH_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,6 @@ class SchedulerActor:
     """Create with ray.remote(SchedulerActor) (see tandem.actors.handle.start)."""
 
     def __init__(self, settings: SchedulerSettings):
-        sys.setswitchinterval(_GIL_SWITCH_S)  # this process is the actor's alone
         self.settings = settings
         self.engine, self.launcher = self._build_engine(settings)
         self.engine.emit = self._emit  # a tick's outputs go without waiting for the next tick's end
