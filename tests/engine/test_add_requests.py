@@ -63,3 +63,19 @@ def test_a_recovering_engine_refuses_every_request_of_a_batch(make_engine):
         engine.recovering = False
     assert len(results) == 2 and all(isinstance(r, EngineUnavailableError) for r in results)
     assert not engine.has_unfinished()
+
+
+def test_a_batch_is_tokenized_as_each_prompt_alone(make_engine):
+    engine = make_engine("none")
+    mixed = [PROMPTS[0], [1, 2, 3], PROMPTS[2], "", PROMPTS[5]]  # token ids and a bad one in between
+    results = engine.add_requests([(p, None, None) for p in mixed])
+    for prompt, rid in zip(mixed, results):
+        if isinstance(prompt, list):
+            assert engine.requests[rid].prompt_ids == prompt
+        elif prompt:
+            assert engine.requests[rid].prompt_ids == engine.tokenizer(prompt).input_ids
+        else:
+            assert isinstance(rid, InvalidRequestError)
+    for rid in results:
+        if isinstance(rid, str):
+            engine.abort(rid)
