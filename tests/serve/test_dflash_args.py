@@ -3,7 +3,6 @@ checked (the error names it) and made absolute, and num_speculative_tokens is le
 engine unless given, when it may not exceed the checkpoint's block_size - 1."""
 from __future__ import annotations
 
-import argparse
 import os
 
 import pytest
@@ -11,6 +10,8 @@ from pydantic import ValidationError
 
 from tandem.serve import cli as serve_cli
 from tandem.serve.args import TandemServeArgs
+
+from .cli_args import cli_args
 
 
 def refusal(**fields) -> str:
@@ -36,12 +37,6 @@ def test_a_bad_checkpoint_or_draft_count_is_refused_naming_the_field(block4, tmp
     assert too_many.startswith("num_speculative_tokens: ") and "block_size - 1 = 3" in too_many
     assert refusal(drafter="dflash", num_speculative_tokens=8).startswith("num_speculative_tokens: ")
     assert TandemServeArgs(drafter="dflash", dflash_checkpoint=block4, num_speculative_tokens=3).num_speculative_tokens == 3
-
-
-def cli_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    return parser.parse_args(["--gpus-per-shard", "0", *argv])
 
 
 def test_tandem_serve_takes_the_checkpoint_flag(block4):

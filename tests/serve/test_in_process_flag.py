@@ -2,17 +2,11 @@
 combination it cannot serve is refused before Ray starts, naming the field."""
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from tandem.serve import cli as serve_cli
 
-
-def cli_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    return parser.parse_args(["--gpus-per-shard", "0", *argv])
+from .cli_args import cli_args
 
 
 def test_the_flag_reaches_the_app_arguments():
