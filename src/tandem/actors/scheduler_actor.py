@@ -29,7 +29,7 @@ from tandem.sampling_params import SamplingParams
 
 log = logging.getLogger("tandem.actors")
 
-_INLINE_PROMPT_LEN = 4096  # prompts up to this long (characters or token ids) are taken on the event loop
+_INLINE_PROMPT_LEN = 4096  # a batch whose prompts total this many characters or token ids at most is taken on the event loop
 
 
 @dataclass(frozen=True)
