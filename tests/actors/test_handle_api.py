@@ -146,6 +146,32 @@ def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_
             assert isinstance(got, InvalidRequestError) and got.field == "prompt"
 
 
+def test_multiplexed_agenerates_go_in_few_submissions_whole_and_a_bad_one_harms_none(tp2):
+    prompts = ["The capital of France is", "Once upon a time", "", "Water boils at"]
+    expected = {p: tp2.generate(p, max_tokens=6, temperature=0.0) for p in prompts if p}
+    mux = tp2.multiplexed()
+
+    async def one(prompt):
+        try:
+            return await mux.agenerate(prompt, max_tokens=6, temperature=0.0)
+        except InvalidRequestError as e:
+            return e
+
+    async def run():
+        loop_mux = mux._mux()
+        loop_mux.actor = _CountingSubmits(loop_mux.actor)
+        return await asyncio.gather(*(one(p) for p in prompts)), loop_mux.actor.batches
+
+    results, batches = asyncio.run(run())
+    assert sum(batches) == len(prompts) and len(batches) < len(prompts), batches
+    for prompt, got in zip(prompts, results):
+        if prompt:  # the final output, whole: text, token ids and usage as generate() gives them
+            want = expected[prompt]
+            assert (got.finished, got.text, got.token_ids, got.usage) == (True, want.text, want.token_ids, want.usage)
+        else:
+            assert isinstance(got, InvalidRequestError) and got.field == "prompt"
+
+
 def test_a_multiplexed_stream_cancelled_while_its_submission_waits_leaves_nothing_running(tp2):
     """A client that leaves while its request waits behind a submission on its way: the
     others still get their text, and nothing is left running (the request is not sent,

@@ -229,8 +229,8 @@ class TandemHandle:
     fields as keyword arguments.
 
     By default each stream is its own Ray streaming generator. multiplexed() gives a
-    handle whose astream()s share one subscription stream (per handle and event loop):
-    what a server with many concurrent streams should use."""
+    handle whose astream()s and agenerate()s share one subscription stream (per handle
+    and event loop): what a server with many concurrent requests should use."""
 
     def __init__(self, actor, info: dict, multiplex: bool = False):
         self.actor = actor
@@ -302,6 +302,13 @@ class TandemHandle:
                         request_id: str | None = None, **sampling) -> RequestOutput:
         sp = sampling_params(params, **sampling)
         rid = request_id or f"req-{uuid.uuid4().hex}"
+        if self.multiplex:
+            # the shared subscription: a burst of requests goes in few submissions and is
+            # prefilled together, as streams are; the last output is whole
+            out = None
+            async for out in self._mux().stream(prompt, sp, rid, messages, True):
+                pass
+            return out
         ref = self.actor.generate.remote(prompt, sp, rid, messages)
         try:
             async with _tandem_errors_async():
