@@ -306,6 +306,8 @@ class Engine:
         for s, tok in zip(seqs, res.next_tokens):
             if first:
                 self.metrics.prompt_tokens.inc(len(s.prompt_ids))
+                self.metrics.queue_time.observe(t0 - s.arrival)
+                self.metrics.time_to_first_token.observe(now - s.arrival)
                 s.first_token_time = now
                 s.emit(tok, self.ctx.detok)
                 self.metrics.generated_tokens.inc()
@@ -368,6 +370,8 @@ class Engine:
                 outs.append(self._output(seq))
             if seq.finished:
                 self.metrics.requests_finished.labels(finished_reason=seq.finish_reason.value).inc()
+                if seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                    self.metrics.record_finished(seq.arrival, seq.first_token_time, len(seq.output_ids), self.clock.now())
                 with self._submit_lock:
                     del self.requests[rid]
                 self._reported.pop(rid, None)

@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 log = logging.getLogger("tandem.verify")
 
 _MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+_LATENCY_S_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_PER_TOKEN_S_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class EngineMetrics:
@@ -33,6 +35,18 @@ class EngineMetrics:
         self.prompt_tokens = Counter("tandem:prompt_tokens", "Prompt tokens prefilled.", registry=r)
         self.requests_finished = Counter("tandem:request_success", "Requests finished, by reason.", ["finished_reason"], registry=r)
         self.verify_failures = Counter("tandem:verify_failures", "Verify forwards that failed.", registry=r)
+        # request latencies as the engine sees them (from add_request; HTTP and Ray not included)
+        self.queue_time = Histogram("tandem:request_queue_time_seconds", "Seconds from arrival to the start of the prefill.",
+                                    buckets=_LATENCY_S_BUCKETS, registry=r)
+        self.time_to_first_token = Histogram("tandem:time_to_first_token_seconds", "Seconds from arrival to the first token.",
+                                             buckets=_LATENCY_S_BUCKETS, registry=r)
+        self.time_per_output_token = Histogram(
+            "tandem:request_time_per_output_token_seconds",
+            "Per finished request: seconds from its first token to its last, over its tokens after the first.",
+            buckets=_PER_TOKEN_S_BUCKETS, registry=r)
+        self.e2e_latency = Histogram("tandem:e2e_request_latency_seconds",
+                                     "Seconds from arrival to the end, of requests that finished (stop or length).",
+                                     buckets=_LATENCY_S_BUCKETS, registry=r)
         self.max_positions = max_positions
 
     def record_verify(self, drafted: list[int], accepted: list[int]) -> None:
@@ -45,6 +59,12 @@ class EngineMetrics:
             self.num_accepted_tokens.inc(a)
             for pos in range(min(a, self.max_positions)):
                 self.accepted_per_pos.labels(position=str(pos)).inc()
+
+    def record_finished(self, arrival: float, first_token: float | None, tokens: int, now: float) -> None:
+        """A request that ended by stop or length: its end-to-end and per-token latency."""
+        self.e2e_latency.observe(now - arrival)
+        if first_token is not None and tokens > 1:
+            self.time_per_output_token.observe((now - first_token) / (tokens - 1))
 
     def log_tick(self, n: int, g: int, accepted: int, drafted: int, verify_ms: float, propose_ms: float) -> None:
         # The seed's per-batch line: n, gamma, accepted/drafted, verify and propose ms.
