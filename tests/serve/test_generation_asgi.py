@@ -95,3 +95,10 @@ def test_other_paths_go_to_the_rest_of_the_api():
     sent = asyncio.run(call(create_app(EndlessBackend()), scope("GET", "/v1/models"), b""))
     assert sent[0]["status"] == 200
     assert json.loads(sent[1]["body"])["data"][0]["id"] == "fake"
+
+
+def test_an_app_mounted_under_a_prefix_routes_on_the_path_below_it():
+    # Serve with route_prefix "/llm" passes the prefix in both root_path and path
+    mounted = {**scope("GET", "/llm/v1/completions"), "root_path": "/llm"}
+    status, err = error_of(asyncio.run(call(create_app(EndlessBackend()), mounted, b"")))
+    assert status == 405 and err["code"] == "method_not_allowed"  # reached the generation endpoint
