@@ -134,8 +134,9 @@ async def _tandem_errors_async():
 
 
 class _Multiplexer:
-    """Many astream()s of one event loop over ONE subscription stream of the actor: one
-    Ray item per engine tick instead of one per request (what a busy server wants).
+    """Many astream()s and agenerate()s of one event loop over ONE subscription stream of
+    the actor: one Ray item per engine tick instead of one per request (what a busy
+    server wants).
 
     Their submissions coalesce too: a request goes at once when no submission is on its
     way, else with every request that arrived meanwhile in one submit_many call when the
