@@ -4,9 +4,9 @@ Every request a server serves comes through here, and a burst of them is taken i
 after another on the ingress replica's single event loop: what each costs there is
 added to the time to first token of all that come after it. Through FastAPI (routing,
 dependency solving, two exception middlewares, StreamingResponse's task group and
-send wrappers) a streamed request cost 134 us in the app against 27 us here (a
-micro-benchmark on a fake backend, this project's CPU box). Everything else (models,
-health, metrics, unknown paths) goes to the FastAPI app behind (`fallback`).
+send wrappers) a streamed request cost 135 us in the app against 24 us here
+(`python bench/http_app_cost.py` on the project's 2-core CPU box). Everything else
+(models, health, metrics, unknown paths) goes to the FastAPI app behind (`fallback`).
 """
 from __future__ import annotations
 
@@ -134,16 +134,28 @@ class GenerationApp:
         return first, outputs, chunks, TextDeltas(params.stop)
 
     async def _stream(self, first, outputs, chunks, deltas, receive, send) -> None:
-        """Send the events; a client that goes away stops its request at once."""
-        sender = asyncio.ensure_future(self._send_events(first, outputs, chunks, deltas, send))
+        """Send the events; a client that goes away stops its request at once: a watcher
+        on `receive` cancels this task (cheaper than a task group: one task a request)."""
+        task = asyncio.current_task()
+        state = {"sending": True, "gone": False}
+
+        def on_disconnect(watcher: asyncio.Task) -> None:
+            if state["sending"] and not watcher.cancelled() and watcher.exception() is None:
+                state["gone"] = True
+                task.cancel()
+
         watcher = asyncio.ensure_future(_disconnected(receive))
+        watcher.add_done_callback(on_disconnect)
         try:
-            await asyncio.wait((sender, watcher), return_when=asyncio.FIRST_COMPLETED)
+            await self._send_events(first, outputs, chunks, deltas, send)  # its `finally` aborts the request
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            if hasattr(task, "uncancel"):  # Python 3.11+: the cancel was ours, not the caller's
+                task.uncancel()
         finally:
+            state["sending"] = False
             watcher.cancel()
-            if not sender.done():
-                sender.cancel()  # its `finally` aborts the request
-                await asyncio.gather(sender, return_exceptions=True)
 
     async def _send_events(self, first, outputs, chunks, deltas, send) -> None:
         try:
