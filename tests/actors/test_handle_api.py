@@ -121,14 +121,14 @@ class _CountingSubmits:
         return _Method()
 
 
-def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_harms_none(tp2):
-    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at", "", "Red, green,"]
-    expected = {p: tp2.generate(p, max_tokens=6, temperature=0.0).text for p in prompts if p}
-    mux = tp2.multiplexed()
+def counted_burst(mux, request, prompts: list[str]) -> tuple[list, list[int]]:
+    """request(prompt) for every prompt at once on one event loop of the multiplexed
+    handle: what each returned (or the InvalidRequestError it raised), and the sizes of
+    the submit_many calls that carried them."""
 
     async def one(prompt):
         try:
-            return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=6, temperature=0.0)])
+            return await request(prompt)
         except InvalidRequestError as e:
             return e
 
@@ -137,7 +137,18 @@ def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_
         loop_mux.actor = _CountingSubmits(loop_mux.actor)
         return await asyncio.gather(*(one(p) for p in prompts)), loop_mux.actor.batches
 
-    results, batches = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_harms_none(tp2):
+    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at", "", "Red, green,"]
+    expected = {p: tp2.generate(p, max_tokens=6, temperature=0.0).text for p in prompts if p}
+    mux = tp2.multiplexed()
+
+    async def text(prompt):
+        return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=6, temperature=0.0)])
+
+    results, batches = counted_burst(mux, text, prompts)
     assert sum(batches) == len(prompts) and len(batches) < len(prompts), batches
     for prompt, got in zip(prompts, results):
         if prompt:
@@ -150,19 +161,7 @@ def test_multiplexed_agenerates_go_in_few_submissions_whole_and_a_bad_one_harms_
     prompts = ["The capital of France is", "Once upon a time", "", "Water boils at"]
     expected = {p: tp2.generate(p, max_tokens=6, temperature=0.0) for p in prompts if p}
     mux = tp2.multiplexed()
-
-    async def one(prompt):
-        try:
-            return await mux.agenerate(prompt, max_tokens=6, temperature=0.0)
-        except InvalidRequestError as e:
-            return e
-
-    async def run():
-        loop_mux = mux._mux()
-        loop_mux.actor = _CountingSubmits(loop_mux.actor)
-        return await asyncio.gather(*(one(p) for p in prompts)), loop_mux.actor.batches
-
-    results, batches = asyncio.run(run())
+    results, batches = counted_burst(mux, lambda p: mux.agenerate(p, max_tokens=6, temperature=0.0), prompts)
     assert sum(batches) == len(prompts) and len(batches) < len(prompts), batches
     for prompt, got in zip(prompts, results):
         if prompt:  # the final output, whole: text, token ids and usage as generate() gives them
