@@ -12,6 +12,12 @@ from tandem.errors import InvalidRequestError
 from .conftest import TP2_ENGINE_NAME
 
 
+@pytest.fixture(params=[True, False], ids=["socket", "ray-stream"])
+def direct(request) -> bool:
+    """A multiplexed handle's outputs over the actor's socket (on its node), or over a Ray stream."""
+    return request.param
+
+
 def test_stream_deltas_join_into_the_generated_text(tp2):
     full = tp2.generate("The capital of France is", max_tokens=16, temperature=0.0)
     outs = list(tp2.stream("The capital of France is", max_tokens=16, temperature=0.0))
@@ -83,10 +89,10 @@ def test_a_handle_works_from_another_ray_task_and_by_name(tp2):
     assert connect(TP2_ENGINE_NAME).generate("The capital of France is", max_tokens=6, temperature=0.0).text == expected
 
 
-def test_multiplexed_streams_share_one_subscription_and_keep_their_text(tp2):
+def test_multiplexed_streams_share_one_subscription_and_keep_their_text(tp2, direct):
     prompts = ["The capital of France is", "Once upon a time", "def add(a, b):"]
     expected = [tp2.generate(p, max_tokens=10, temperature=0.0).text for p in prompts]
-    mux = tp2.multiplexed()
+    mux = tp2.multiplexed(direct)
 
     async def one(prompt):
         return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=10, temperature=0.0)])
@@ -95,9 +101,33 @@ def test_multiplexed_streams_share_one_subscription_and_keep_their_text(tp2):
         texts = await asyncio.gather(*(one(p) for p in prompts))
         with pytest.raises(InvalidRequestError):
             await one("")
-        return texts
+        return texts, mux._mux().over_socket
 
-    assert asyncio.run(run()) == expected
+    texts, over_socket = asyncio.run(run())
+    assert texts == expected
+    assert over_socket is direct  # the test's driver is on the engine's node
+
+
+def test_a_closed_output_socket_aborts_its_subscribers_requests(tp2):
+    """A server whose process goes away closes its socket: the engine stops generating
+    for its requests (as when a Ray subscription ends)."""
+    import time
+
+    mux = tp2.multiplexed()
+
+    async def run():
+        stream = mux.astream("Count to one hundred: 1, 2, 3,", max_tokens=480, temperature=0.0)
+        first = await stream.__anext__()
+        assert mux._mux().over_socket and tp2.health()["running"] == 1
+        mux._mux().pump.cancel()  # its socket closes; the stream itself is not closed
+        deadline = time.monotonic() + 10
+        while tp2.health()["running"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return first, tp2.health()
+
+    first, health = asyncio.run(run())
+    assert not first.finished
+    assert health["running"] == 0 and health["waiting"] == 0, health
 
 
 class _CountingSubmits:
@@ -140,10 +170,10 @@ def counted_burst(mux, request, prompts: list[str]) -> tuple[list, list[int]]:
     return asyncio.run(run())
 
 
-def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_harms_none(tp2):
+def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_harms_none(tp2, direct):
     prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at", "", "Red, green,"]
     expected = {p: tp2.generate(p, max_tokens=6, temperature=0.0).text for p in prompts if p}
-    mux = tp2.multiplexed()
+    mux = tp2.multiplexed(direct)
 
     async def text(prompt):
         return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=6, temperature=0.0)])
@@ -157,10 +187,10 @@ def test_a_burst_of_multiplexed_streams_is_submitted_in_few_calls_and_a_bad_one_
             assert isinstance(got, InvalidRequestError) and got.field == "prompt"
 
 
-def test_multiplexed_agenerates_go_in_few_submissions_whole_and_a_bad_one_harms_none(tp2):
+def test_multiplexed_agenerates_go_in_few_submissions_whole_and_a_bad_one_harms_none(tp2, direct):
     prompts = ["The capital of France is", "Once upon a time", "", "Water boils at"]
     expected = {p: tp2.generate(p, max_tokens=6, temperature=0.0) for p in prompts if p}
-    mux = tp2.multiplexed()
+    mux = tp2.multiplexed(direct)
     results, batches = counted_burst(mux, lambda p: mux.agenerate(p, max_tokens=6, temperature=0.0), prompts)
     assert sum(batches) == len(prompts) and len(batches) < len(prompts), batches
     for prompt, got in zip(prompts, results):
@@ -171,13 +201,13 @@ def test_multiplexed_agenerates_go_in_few_submissions_whole_and_a_bad_one_harms_
             assert isinstance(got, InvalidRequestError) and got.field == "prompt"
 
 
-def test_a_multiplexed_stream_cancelled_while_its_submission_waits_leaves_nothing_running(tp2):
+def test_a_multiplexed_stream_cancelled_while_its_submission_waits_leaves_nothing_running(tp2, direct):
     """A client that leaves while its request waits behind a submission on its way: the
     others still get their text, and nothing is left running (the request is not sent,
     or its abort stops it)."""
     import time
 
-    mux = tp2.multiplexed()
+    mux = tp2.multiplexed(direct)
 
     async def one(prompt, max_tokens):
         return "".join([out.delta_text async for out in mux.astream(prompt, max_tokens=max_tokens, temperature=0.0)])

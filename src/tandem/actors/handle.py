@@ -22,6 +22,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, asynccontextmanager
 
+from tandem.actors import output_channel
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
 from tandem.actors.wire import as_received, from_wire, merge
 from tandem.config import EngineConfig
@@ -134,40 +135,76 @@ async def _tandem_errors_async():
 
 
 class _Multiplexer:
-    """Many astream()s and agenerate()s of one event loop over ONE subscription stream of
-    the actor: one Ray item per engine tick instead of one per request (what a busy
-    server wants).
+    """Many astream()s and agenerate()s of one event loop over ONE subscription of the
+    actor: one message per engine tick instead of one per request (what a busy server
+    wants). On the actor's node the messages come over a Unix socket that the engine's
+    step thread writes (tandem.actors.output_channel); elsewhere, or with direct=False,
+    as the items of a Ray streaming generator (`subscribe`).
 
     Their submissions coalesce too: a request goes at once when no submission is on its
     way, else with every request that arrived meanwhile in one submit_many call when the
     one on its way returns. A burst of 64 then costs the actor a few calls instead of 64
     queued one after another, and a lone request waits for nothing."""
 
-    def __init__(self, actor):
+    def __init__(self, actor, direct: bool = True):
         self.actor = actor
+        self.direct = direct
         self.subscriber = f"sub-{uuid.uuid4().hex}"
         self.queues: dict[str, asyncio.Queue] = {}
         self.pump: asyncio.Task | None = None
+        self._subscribed = asyncio.Event()  # submissions wait until outputs have somewhere to go
         self._to_submit: list[tuple[tuple, asyncio.Future]] = []
         self._submitting = False
+        self.over_socket = False  # whether the current subscription is the socket
 
     def _ensure_pump(self) -> None:
         if self.pump is None or self.pump.done():
+            self._subscribed.clear()
             self.pump = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        gen = self.actor.subscribe.options(num_returns="streaming").remote(self.subscriber)
         why = "the engine's output stream ended"
         try:
-            async for ref in gen:
-                for wire in await ref:
-                    q = self.queues.get(wire[0])  # the request id
-                    if q is not None:
-                        q.put_nowait(from_wire(wire))
+            channel = await self._open_channel() if self.direct else None
+            self.over_socket = channel is not None
+            if channel is not None:
+                reader, writer = channel
+                self._subscribed.set()
+                try:
+                    async for item in output_channel.frames(reader):
+                        self._route(item)
+                finally:
+                    writer.close()
+            else:
+                gen = self.actor.subscribe.options(num_returns="streaming").remote(self.subscriber)
+                self._subscribed.set()  # outputs before the generator runs wait in the actor
+                async for ref in gen:
+                    self._route(await ref)
         except Exception as e:  # noqa: BLE001 - every waiting request learns of it
             why = f"the engine's output stream failed: {type(e).__name__}: {e}"
+        finally:
+            self._subscribed.set()
         for rid, q in list(self.queues.items()):
             q.put_nowait(error_output(rid, why))
+
+    async def _open_channel(self):
+        """The actor's output socket when it is on this node, else None (the Ray stream)."""
+        import ray
+
+        async with _tandem_errors_async():
+            info = await self.actor.output_channel.remote()
+        if info["node_id"] != ray.get_runtime_context().get_node_id():
+            return None
+        try:
+            return await output_channel.connect(info["path"], self.subscriber)
+        except OSError:  # another filesystem (a container boundary): the Ray stream works anywhere
+            return None
+
+    def _route(self, item: list[tuple]) -> None:
+        for wire in item:
+            q = self.queues.get(wire[0])  # the request id
+            if q is not None:
+                q.put_nowait(from_wire(wire))
 
     async def stream(self, prompt, params: SamplingParams, rid: str, messages,
                      deltas_only: bool) -> AsyncIterator[RequestOutput]:
@@ -205,6 +242,7 @@ class _Multiplexer:
 
     async def _send_submissions(self) -> None:
         try:
+            await self._subscribed.wait()
             while self._to_submit:
                 # a waiter cancelled meanwhile (its client left) is not sent at all
                 batch, self._to_submit = [(r, d) for r, d in self._to_submit if not d.cancelled()], []
@@ -230,13 +268,16 @@ class TandemHandle:
     fields as keyword arguments.
 
     By default each stream is its own Ray streaming generator. multiplexed() gives a
-    handle whose astream()s and agenerate()s share one subscription stream (per handle
-    and event loop): what a server with many concurrent requests should use."""
+    handle whose astream()s and agenerate()s share one subscription (per handle and
+    event loop): what a server with many concurrent requests should use. On the engine's
+    node its outputs come over a Unix socket unless direct=False (then, as elsewhere,
+    over a Ray stream)."""
 
-    def __init__(self, actor, info: dict, multiplex: bool = False):
+    def __init__(self, actor, info: dict, multiplex: bool = False, direct: bool = True):
         self.actor = actor
         self.info = info
         self.multiplex = multiplex
+        self.direct = direct
         # one subscription per event loop: its pump task and request queues belong to that
         # loop (a second loop, in another thread, must not share them)
         self._muxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -245,17 +286,17 @@ class TandemHandle:
         loop = asyncio.get_running_loop()
         mux = self._muxes.get(loop)
         if mux is None:
-            mux = self._muxes[loop] = _Multiplexer(self.actor)
+            mux = self._muxes[loop] = _Multiplexer(self.actor, self.direct)
         return mux
 
-    def multiplexed(self) -> "TandemHandle":
-        return TandemHandle(self.actor, self.info, multiplex=True)
+    def multiplexed(self, direct: bool = True) -> "TandemHandle":
+        return TandemHandle(self.actor, self.info, multiplex=True, direct=direct)
 
     def __getstate__(self):
-        return {"actor": self.actor, "info": self.info, "multiplex": self.multiplex}
+        return {"actor": self.actor, "info": self.info, "multiplex": self.multiplex, "direct": self.direct}
 
     def __setstate__(self, state):
-        self.__init__(state["actor"], state["info"], state["multiplex"])
+        self.__init__(state["actor"], state["info"], state["multiplex"], state.get("direct", True))
 
     @property
     def model_name(self) -> str:

@@ -21,6 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from tandem.actors.output_channel import OutputChannels
 from tandem.actors.wire import merge, to_wire
 from tandem.config import EngineConfig
 from tandem.errors import EngineUnavailableError, InvalidRequestError
@@ -58,6 +59,7 @@ class SchedulerActor:
         self._queues: dict[str, asyncio.Queue] = {}  # request id -> its own stream's queue
         self._subscribers: dict[str, asyncio.Queue] = {}  # subscriber id -> the queue of all its requests
         self._routes: dict[str, str] = {}  # request id -> subscriber id
+        self._channels = OutputChannels(self._abort_subscriber)  # subscribers on this node, over a socket
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tandem-admit")
@@ -101,6 +103,7 @@ class SchedulerActor:
     def _ensure_started(self) -> None:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
+            self._channels.start(self._loop)
             self._thread = threading.Thread(target=self._run, name="tandem-step-loop", daemon=True)
             self._thread.start()
 
@@ -126,13 +129,20 @@ class SchedulerActor:
                 self.ticks += 1
                 self.step_seconds += time.perf_counter() - t0
             if outs:
-                self._loop.call_soon_threadsafe(self._dispatch, outs)
+                self._deliver(outs)
             if self.engine.recovering:
                 time.sleep(1.0)  # the restart failed; the next tick tries again
 
     def _emit(self, outs: list[RequestOutput]) -> None:
         """The engine's, from inside a tick (the step thread)."""
-        self._loop.call_soon_threadsafe(self._dispatch, outs)
+        self._deliver(outs)
+
+    def _deliver(self, outs: list[RequestOutput]) -> None:
+        """The step thread's outputs: those of socket subscribers straight to their
+        sockets, the rest to the event loop."""
+        rest = self._channels.send(outs, self._routes)
+        if rest:
+            self._loop.call_soon_threadsafe(self._dispatch, rest)
 
     def _fail_all(self, why: str) -> list[RequestOutput]:
         outs = []
@@ -142,7 +152,8 @@ class SchedulerActor:
         return outs
 
     def _dispatch(self, outs: list[RequestOutput]) -> None:
-        for out in outs:
+        """The event loop: each output to its request's queue or its subscriber's."""
+        for out in self._channels.send(outs, self._routes):
             rid = out.request_id
             q = self._queues.get(rid)
             if q is None and rid in self._routes:
@@ -286,9 +297,21 @@ class SchedulerActor:
                 yield item
         finally:
             self._subscribers.pop(subscriber, None)
-            for rid in [r for r, sid in self._routes.items() if sid == subscriber]:
-                del self._routes[rid]
-                await self._loop.run_in_executor(self._pool, self.engine.abort, rid)
+            await self._abort_subscriber(subscriber)
+
+    async def _abort_subscriber(self, subscriber: str) -> None:
+        """The subscriber went away: stop generating for its requests."""
+        for rid in [r for r, sid in list(self._routes.items()) if sid == subscriber]:
+            self._routes.pop(rid, None)
+            await self._loop.run_in_executor(self._pool, self.engine.abort, rid)
+
+    async def output_channel(self) -> dict:
+        """Where a subscriber on this node reads its outputs from a socket instead of
+        `subscribe` (see tandem.actors.output_channel): this actor's node and the path."""
+        import ray
+
+        self._ensure_started()
+        return {"node_id": ray.get_runtime_context().get_node_id(), "path": self._channels.path}
 
     async def _forget(self, rid: str, finished: bool) -> None:
         self._queues.pop(rid, None)
@@ -376,6 +399,7 @@ class SchedulerActor:
         if self._thread is not None:
             await self._loop.run_in_executor(self._pool, self._thread.join, 30.0)
         self._dispatch([error_output(rid, "the server is shutting down") for rid in [*self._queues, *self._routes]])
+        self._channels.close()
         self.engine.close()
         self.launcher.stop()
 
