@@ -130,31 +130,10 @@ def test_a_closed_output_socket_aborts_its_subscribers_requests(tp2):
     assert health["running"] == 0 and health["waiting"] == 0, health
 
 
-class _CountingSubmits:
-    """An actor handle that records how many requests each submit_many call carried."""
-
-    def __init__(self, actor):
-        self._actor, self.batches = actor, []
-
-    def __getattr__(self, name):
-        return getattr(self._actor, name)
-
-    @property
-    def submit_many(self):
-        counting = self
-
-        class _Method:
-            def remote(self, requests, subscriber):
-                counting.batches.append(len(requests))
-                return counting._actor.submit_many.remote(requests, subscriber)
-
-        return _Method()
-
-
 def counted_burst(mux, request, prompts: list[str]) -> tuple[list, list[int]]:
     """request(prompt) for every prompt at once on one event loop of the multiplexed
     handle: what each returned (or the InvalidRequestError it raised), and the sizes of
-    the submit_many calls that carried them."""
+    the submissions that carried them."""
 
     async def one(prompt):
         try:
@@ -164,8 +143,14 @@ def counted_burst(mux, request, prompts: list[str]) -> tuple[list, list[int]]:
 
     async def run():
         loop_mux = mux._mux()  # this event loop's subscription
-        loop_mux.actor = _CountingSubmits(loop_mux.actor)
-        return await asyncio.gather(*(one(p) for p in prompts)), loop_mux.actor.batches
+        batches, submit = [], loop_mux._submit_batch
+
+        async def counting(requests):
+            batches.append(len(requests))
+            return await submit(requests)
+
+        loop_mux._submit_batch = counting
+        return await asyncio.gather(*(one(p) for p in prompts)), batches
 
     return asyncio.run(run())
 

@@ -1,19 +1,29 @@
-"""The scheduler actor's output socket, without Ray: frames arrive whole and in order,
-also when the reader falls behind; only routed outputs go; a closed socket is reported."""
+"""The scheduler actor's socket, without Ray: output frames arrive whole and in order,
+also when the reader falls behind; only routed outputs go; submissions come back with
+each request's error; a closed socket is reported."""
 from __future__ import annotations
 
 import asyncio
 import threading
 
 from tandem.actors import output_channel
-from tandem.actors.output_channel import OutputChannels
+from tandem.actors.output_channel import OUTPUTS, SUBMIT, SUBMITTED, OutputChannels, frame
 from tandem.actors.wire import Rebuilder, from_wire
+from tandem.errors import InvalidRequestError
 from tandem.outputs import RequestOutput, Usage
 
 
 def _output(rid: str, i: int, last: bool, text: str) -> RequestOutput:
     return RequestOutput(rid, "prompt", [5, 6], text * (i + 1), list(range(i + 1)), text, [i], last,
                          "length" if last else None, None, Usage(2, i + 1))
+
+
+async def _no_submissions(requests, subscriber):
+    raise AssertionError("no submissions in this test")
+
+
+async def _nothing(subscriber):
+    pass
 
 
 def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_outputs_go():
@@ -23,7 +33,7 @@ def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_
         closed.append(sid)
 
     async def run():
-        channels = OutputChannels(on_closed)
+        channels = OutputChannels(_no_submissions, on_closed)
         channels.start(asyncio.get_running_loop())
         try:
             reader, writer = await output_channel.connect(channels.path, "sub-1")
@@ -43,7 +53,8 @@ def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_
             got = {"a": [], "b": []}
             rebuild = {"a": Rebuilder(), "b": Rebuilder()}
             n = 0
-            async for item in output_channel.frames(reader):
+            async for kind, item in output_channel.frames(reader):
+                assert kind == OUTPUTS
                 n += 1
                 for wire in item:
                     out = from_wire(wire)
@@ -71,7 +82,7 @@ def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_
 
 def test_a_subscriber_that_never_connected_gets_nothing_and_sends_never_block():
     async def run():
-        channels = OutputChannels(lambda sid: asyncio.sleep(0))
+        channels = OutputChannels(_no_submissions, _nothing)
         channels.start(asyncio.get_running_loop())
         try:
             outs = [_output("a", 0, False, "t")]
@@ -85,7 +96,7 @@ def test_a_subscriber_that_never_connected_gets_nothing_and_sends_never_block():
 
 def test_sends_from_two_threads_keep_each_frame_whole():
     async def run():
-        channels = OutputChannels(lambda sid: asyncio.sleep(0))
+        channels = OutputChannels(_no_submissions, _nothing)
         channels.start(asyncio.get_running_loop())
         try:
             reader, writer = await output_channel.connect(channels.path, "s")
@@ -98,7 +109,7 @@ def test_sends_from_two_threads_keep_each_frame_whole():
             threads = [threading.Thread(target=sender, args=(t,)) for t in range(2)]
             await asyncio.to_thread(lambda: ([th.start() for th in threads], [th.join() for th in threads]))
             seen = {"r0": [], "r1": []}
-            async for item in output_channel.frames(reader):
+            async for _, item in output_channel.frames(reader):
                 for wire in item:
                     seen[wire[0]].append(from_wire(wire).delta_token_ids[0])
                 if sum(map(len, seen.values())) == 400:
@@ -110,3 +121,64 @@ def test_sends_from_two_threads_keep_each_frame_whole():
 
     seen = asyncio.run(run())
     assert seen == {"r0": list(range(200)), "r1": list(range(200))}
+
+
+def test_where_no_socket_can_be_bound_there_is_no_path_and_outputs_are_handed_back(tmp_path, monkeypatch):
+    import tempfile
+
+    deep = tmp_path / ("d" * 120)  # longer than a Unix socket's path may be
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+
+    async def run():
+        channels = OutputChannels(_no_submissions, _nothing)
+        channels.start(asyncio.get_running_loop())
+        outs = [_output("a", 0, False, "t")]
+        try:
+            return channels.path, channels.send(outs, {"a": "sub"}), outs
+        finally:
+            channels.close()
+
+    path, returned, outs = asyncio.run(run())
+    assert path is None and returned == outs
+    assert list(deep.iterdir()) == []  # nothing left behind
+
+
+class _Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+def test_submissions_come_back_in_order_with_each_requests_error():
+    seen = []
+
+    async def on_submit(requests, subscriber):
+        seen.append((subscriber, [r[2] for r in requests]))
+        await asyncio.sleep(0.01)  # the engine takes a while: the next batch waits its turn
+        return [None if r[0] else InvalidRequestError("prompt", "must not be empty") for r in requests[:-1]] + [_Unpicklable("x")]
+
+    async def run():
+        channels = OutputChannels(on_submit, _nothing)
+        channels.start(asyncio.get_running_loop())
+        try:
+            reader, writer = await output_channel.connect(channels.path, "sub-9")
+            writer.write(frame(SUBMIT, (0, [("hi", None, "r1", None), ("", None, "r2", None), ("yo", None, "r3", None)])))
+            writer.write(frame(SUBMIT, (1, [("again", None, "r4", None), ("x", None, "r5", None)])))
+            replies = []
+            async for kind, payload in output_channel.frames(reader):
+                assert kind == SUBMITTED
+                replies.append(payload)
+                if len(replies) == 2:
+                    break
+            writer.close()
+            return replies
+        finally:
+            channels.close()
+
+    replies = asyncio.run(run())
+    assert seen == [("sub-9", ["r1", "r2", "r3"]), ("sub-9", ["r4", "r5"])]
+    (b0, e0), (b1, e1) = replies
+    assert (b0, b1) == (0, 1)
+    assert e0[0] is None and isinstance(e0[1], InvalidRequestError) and e0[1].field == "prompt"
+    assert isinstance(e0[2], RuntimeError) and "_Unpicklable" in str(e0[2])  # its text, not a broken channel
+    assert e1[0] is None and isinstance(e1[1], RuntimeError)

@@ -17,6 +17,7 @@ returns (or ends its stream with) an output whose finish_reason is "error".
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -137,14 +138,15 @@ async def _tandem_errors_async():
 class _Multiplexer:
     """Many astream()s and agenerate()s of one event loop over ONE subscription of the
     actor: one message per engine tick instead of one per request (what a busy server
-    wants). On the actor's node the messages come over a Unix socket that the engine's
-    step thread writes (tandem.actors.output_channel); elsewhere, or with direct=False,
-    as the items of a Ray streaming generator (`subscribe`).
+    wants). On the actor's node, the messages, and the submissions the other way, travel
+    a Unix socket whose actor end the engine's step thread writes
+    (tandem.actors.output_channel); elsewhere, or with direct=False, the messages are the
+    items of a Ray streaming generator (`subscribe`) and submissions Ray calls.
 
-    Their submissions coalesce too: a request goes at once when no submission is on its
-    way, else with every request that arrived meanwhile in one submit_many call when the
-    one on its way returns. A burst of 64 then costs the actor a few calls instead of 64
-    queued one after another, and a lone request waits for nothing."""
+    Submissions coalesce: a request goes at once when no submission is on its way, else
+    with every request that arrived meanwhile in one submission when the one on its way
+    returns. A burst of 64 then costs the actor a few calls instead of 64 queued one
+    after another, and a lone request waits for nothing."""
 
     def __init__(self, actor, direct: bool = True):
         self.actor = actor
@@ -155,7 +157,13 @@ class _Multiplexer:
         self._subscribed = asyncio.Event()  # submissions wait until outputs have somewhere to go
         self._to_submit: list[tuple[tuple, asyncio.Future]] = []
         self._submitting = False
-        self.over_socket = False  # whether the current subscription is the socket
+        self._writer: asyncio.StreamWriter | None = None  # the socket, while the subscription is one
+        self._batches = itertools.count()
+        self._replies: dict[int, asyncio.Future] = {}  # batch number -> its SUBMITTED reply
+
+    @property
+    def over_socket(self) -> bool:
+        return self._writer is not None
 
     def _ensure_pump(self) -> None:
         if self.pump is None or self.pump.done():
@@ -166,15 +174,17 @@ class _Multiplexer:
         why = "the engine's output stream ended"
         try:
             channel = await self._open_channel() if self.direct else None
-            self.over_socket = channel is not None
             if channel is not None:
-                reader, writer = channel
+                reader, self._writer = channel
                 self._subscribed.set()
-                try:
-                    async for item in output_channel.frames(reader):
-                        self._route(item)
-                finally:
-                    writer.close()
+                async for kind, payload in output_channel.frames(reader):
+                    if kind == output_channel.OUTPUTS:
+                        self._route(payload)
+                    elif kind == output_channel.SUBMITTED:
+                        batch, errors = payload
+                        reply = self._replies.pop(batch, None)
+                        if reply is not None and not reply.done():
+                            reply.set_result(errors)
             else:
                 gen = self.actor.subscribe.options(num_returns="streaming").remote(self.subscriber)
                 self._subscribed.set()  # outputs before the generator runs wait in the actor
@@ -183,21 +193,28 @@ class _Multiplexer:
         except Exception as e:  # noqa: BLE001 - every waiting request learns of it
             why = f"the engine's output stream failed: {type(e).__name__}: {e}"
         finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            for reply in self._replies.values():
+                if not reply.done():
+                    reply.set_exception(ConnectionError(why))
+            self._replies.clear()
             self._subscribed.set()
         for rid, q in list(self.queues.items()):
             q.put_nowait(error_output(rid, why))
 
     async def _open_channel(self):
-        """The actor's output socket when it is on this node, else None (the Ray stream)."""
+        """The actor's socket when it is on this node, else None (Ray)."""
         import ray
 
         async with _tandem_errors_async():
             info = await self.actor.output_channel.remote()
-        if info["node_id"] != ray.get_runtime_context().get_node_id():
+        if info["path"] is None or info["node_id"] != ray.get_runtime_context().get_node_id():
             return None
         try:
             return await output_channel.connect(info["path"], self.subscriber)
-        except OSError:  # another filesystem (a container boundary): the Ray stream works anywhere
+        except OSError:  # another filesystem (a container boundary): Ray works anywhere
             return None
 
     def _route(self, item: list[tuple]) -> None:
@@ -205,6 +222,17 @@ class _Multiplexer:
             q = self.queues.get(wire[0])  # the request id
             if q is not None:
                 q.put_nowait(from_wire(wire))
+
+    async def _submit_batch(self, requests: list[tuple]) -> list:
+        """One submission: what each request failed with, or None."""
+        writer = self._writer
+        if writer is None:
+            async with _tandem_errors_async():
+                return await self.actor.submit_many.remote(requests, self.subscriber)
+        batch = next(self._batches)
+        reply = self._replies[batch] = asyncio.get_running_loop().create_future()
+        writer.write(output_channel.frame(output_channel.SUBMIT, (batch, requests)))
+        return await reply
 
     async def stream(self, prompt, params: SamplingParams, rid: str, messages,
                      deltas_only: bool) -> AsyncIterator[RequestOutput]:
@@ -249,8 +277,7 @@ class _Multiplexer:
                 if not batch:
                     continue
                 try:
-                    async with _tandem_errors_async():
-                        errors = await self.actor.submit_many.remote([r for r, _ in batch], self.subscriber)
+                    errors = await self._submit_batch([r for r, _ in batch])
                 except Exception as e:  # noqa: BLE001 - the call failed: each of its requests learns
                     errors = [e] * len(batch)
                 for (_, done), error in zip(batch, errors):

@@ -1,11 +1,14 @@
 """SchedulerActor: an async Ray actor that owns the Engine and runs its step loop.
 
 The engine runs on a GrpcShardGroup whose ranks are ShardActors (RayShardLauncher).
-A background thread calls engine.step() while there is work and hands the outputs to
-the actor's event loop (also those the engine emits from inside the next tick, once the
-ranks have acknowledged the verdicts: see tandem.engine), which puts each into its
-request's asyncio queue; `stream` is a Ray streaming generator over that queue (one per
-request), `generate` waits for the last output. Requests join between ticks (continuous batching).
+A background thread calls engine.step() while there is work and hands the outputs on
+(also those the engine emits from inside the next tick, once the ranks have acknowledged
+the verdicts: see tandem.engine). Those of a subscriber connected to the actor's output
+socket (tandem.actors.output_channel) it writes there itself; the others go to the
+actor's event loop, which puts each into its request's asyncio queue or its
+subscriber's: `stream` is a Ray streaming generator over a request's queue, `subscribe`
+over a subscriber's, `generate` waits for the last output. Requests join between ticks
+(continuous batching).
 
 Recovery is the engine's: a lost rank fails its batch (those requests get an output
 with finish_reason "error"), the next tick restarts the group through the launcher and
@@ -59,7 +62,7 @@ class SchedulerActor:
         self._queues: dict[str, asyncio.Queue] = {}  # request id -> its own stream's queue
         self._subscribers: dict[str, asyncio.Queue] = {}  # subscriber id -> the queue of all its requests
         self._routes: dict[str, str] = {}  # request id -> subscriber id
-        self._channels = OutputChannels(self._abort_subscriber)  # subscribers on this node, over a socket
+        self._channels = OutputChannels(self.submit_many, self._abort_subscriber)  # subscribers on this node, over a socket
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tandem-admit")
@@ -300,9 +303,12 @@ class SchedulerActor:
             await self._abort_subscriber(subscriber)
 
     async def _abort_subscriber(self, subscriber: str) -> None:
-        """The subscriber went away: stop generating for its requests."""
-        for rid in [r for r, sid in list(self._routes.items()) if sid == subscriber]:
+        """The subscriber went away: stop generating for its requests. Their routes go
+        first, all at once, so no later output of theirs is queued for nobody."""
+        rids = [r for r, sid in list(self._routes.items()) if sid == subscriber]
+        for rid in rids:
             self._routes.pop(rid, None)
+        for rid in rids:
             await self._loop.run_in_executor(self._pool, self.engine.abort, rid)
 
     async def output_channel(self) -> dict:

@@ -48,7 +48,8 @@ class OpenAIIngress:
             device=a.device,
             dtype=a.dtype,
         )
-        self.handle = self.handle.multiplexed()  # all HTTP streams share one Ray stream
+        # all HTTP streams share one output stream: a socket on the engine's node, else Ray
+        self.handle = self.handle.multiplexed()
         log.info("serving %s", self.handle.model_name)
 
     def __serve_build_asgi_app__(self):
