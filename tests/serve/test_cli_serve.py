@@ -1,5 +1,6 @@
 """`tandem serve`: its own local Ray cluster and the app, the URL printed, a request
-answered, and a clean stop on SIGTERM and on Ctrl-C (SIGINT)."""
+answered, and a clean stop on SIGTERM, on Ctrl-C (SIGINT), and on a SIGTERM to its whole
+process group (`timeout`, a supervisor), which stops the cluster's processes too."""
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ def _start(port: int) -> tuple[subprocess.Popen, list[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_tandem_serve_prints_the_url_serves_and_stops_cleanly(sig):
+@pytest.mark.parametrize("sig,group,within_s", [(signal.SIGTERM, False, 90), (signal.SIGINT, False, 90), (signal.SIGTERM, True, 25)],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-to-the-group"])
+def test_tandem_serve_prints_the_url_serves_and_stops_cleanly(sig, group, within_s):
     port = _free_port()
     proc, lines = _start(port)
     try:
@@ -44,8 +46,11 @@ def test_tandem_serve_prints_the_url_serves_and_stops_cleanly(sig):
                        json={"model": "smollm2", "prompt": "Hello", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
-        proc.send_signal(sig)
-        assert proc.wait(90) == 0, "".join(lines)[-4000:]
+        if group:  # before: Serve waited 30 s for its controller, gone with the group (39-42 s in all)
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        assert proc.wait(within_s) == 0, "".join(lines)[-4000:]
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
     finally:

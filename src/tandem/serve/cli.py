@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
+import time
 
 from pydantic import ValidationError
 
@@ -108,11 +110,39 @@ def run(args: argparse.Namespace) -> int:
         print("tandem: stopping", flush=True)
         return 0
     finally:
-        try:
-            serve.shutdown()
-        except Exception as e:  # noqa: BLE001 - stop Ray regardless
-            log.warning("serve shutdown: %s", e)
+        _shutdown_serve(ray.get_runtime_context().gcs_address if started else None)
         if started:
             ray.shutdown()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _shutdown_serve(own_gcs: str | None, limit_s: float = 60.0) -> None:
+    """serve.shutdown(), but not waiting on a local cluster that is gone: a SIGTERM to the
+    whole process group (`timeout`, a supervisor) stops the cluster's own processes too,
+    and Serve would then wait 30 s for a controller that no longer answers."""
+    from ray import serve
+
+    def shutdown() -> None:
+        try:
+            serve.shutdown()
+        except Exception as e:  # noqa: BLE001 - stop Ray regardless
+            log.warning("serve shutdown: %s", e)
+
+    worker = threading.Thread(target=shutdown, name="serve-shutdown", daemon=True)
+    worker.start()
+    deadline = time.monotonic() + limit_s
+    while worker.is_alive() and time.monotonic() < deadline:
+        worker.join(0.2)
+        if own_gcs is not None and not _reachable(own_gcs):
+            log.info("the local Ray cluster is already stopping: not waiting for Serve")
+            return
+
+
+def _reachable(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
