@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from contextlib import asynccontextmanager
 
 from tandem.actors import output_channel
 from tandem.actors.output_channel import OUTPUTS, SUBMIT, SUBMITTED, OutputChannels, frame
@@ -26,6 +27,18 @@ async def _nothing(subscriber):
     pass
 
 
+@asynccontextmanager
+async def _connected(subscriber: str, on_submit=_no_submissions, on_closed=_nothing):
+    """A listening OutputChannels and a subscriber connected to it: (channels, reader, writer)."""
+    channels = OutputChannels(on_submit, on_closed)
+    channels.start(asyncio.get_running_loop())
+    try:
+        reader, writer = await output_channel.connect(channels.path, subscriber)
+        yield channels, reader, writer
+    finally:
+        channels.close()
+
+
 def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_outputs_go():
     closed: list[str] = []
 
@@ -33,10 +46,7 @@ def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_
         closed.append(sid)
 
     async def run():
-        channels = OutputChannels(_no_submissions, on_closed)
-        channels.start(asyncio.get_running_loop())
-        try:
-            reader, writer = await output_channel.connect(channels.path, "sub-1")
+        async with _connected("sub-1", on_closed=on_closed) as (channels, reader, writer):
             assert channels.has("sub-1")
             routes = {"a": "sub-1", "b": "sub-1", "c": "elsewhere"}
             ticks = 300
@@ -67,8 +77,6 @@ def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_
                     break
                 await asyncio.sleep(0.01)
             return got, returned, routes
-        finally:
-            channels.close()
 
     got, returned, routes = asyncio.run(run())
     for rid, text in (("a", "x" * 20_000), ("b", "y")):
@@ -96,10 +104,7 @@ def test_a_subscriber_that_never_connected_gets_nothing_and_sends_never_block():
 
 def test_sends_from_two_threads_keep_each_frame_whole():
     async def run():
-        channels = OutputChannels(_no_submissions, _nothing)
-        channels.start(asyncio.get_running_loop())
-        try:
-            reader, writer = await output_channel.connect(channels.path, "s")
+        async with _connected("s") as (channels, reader, writer):
             routes = {f"r{t}": "s" for t in range(2)}
 
             def sender(t):
@@ -116,8 +121,6 @@ def test_sends_from_two_threads_keep_each_frame_whole():
                     break
             writer.close()
             return seen
-        finally:
-            channels.close()
 
     seen = asyncio.run(run())
     assert seen == {"r0": list(range(200)), "r1": list(range(200))}
@@ -158,10 +161,7 @@ def test_submissions_come_back_in_order_with_each_requests_error():
         return [None if r[0] else InvalidRequestError("prompt", "must not be empty") for r in requests[:-1]] + [_Unpicklable("x")]
 
     async def run():
-        channels = OutputChannels(on_submit, _nothing)
-        channels.start(asyncio.get_running_loop())
-        try:
-            reader, writer = await output_channel.connect(channels.path, "sub-9")
+        async with _connected("sub-9", on_submit) as (_, reader, writer):
             writer.write(frame(SUBMIT, (0, [("hi", None, "r1", None), ("", None, "r2", None), ("yo", None, "r3", None)])))
             writer.write(frame(SUBMIT, (1, [("again", None, "r4", None), ("x", None, "r5", None)])))
             replies = []
@@ -172,8 +172,6 @@ def test_submissions_come_back_in_order_with_each_requests_error():
                     break
             writer.close()
             return replies
-        finally:
-            channels.close()
 
     replies = asyncio.run(run())
     assert seen == [("sub-9", ["r1", "r2", "r3"]), ("sub-9", ["r4", "r5"])]
