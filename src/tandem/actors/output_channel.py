@@ -88,7 +88,21 @@ class _Subscriber:
             return
         if sent < len(data):
             self.pending += data[sent:]
-            self.loop.call_soon_threadsafe(self.loop.add_writer, self.sock.fileno(), self._flush)
+            self.loop.call_soon_threadsafe(self._watch)
+
+    def _watch(self) -> None:
+        """The event loop: flush once the socket is writable (unless it closed meanwhile)."""
+        with self.lock:
+            if not self.closed:
+                self.loop.add_writer(self.sock.fileno(), self._flush)
+
+    def shut(self) -> None:
+        """The event loop: write nothing more (the socket is about to close)."""
+        with self.lock:
+            self.closed = True
+            if self.pending:
+                self.pending.clear()
+                self.loop.remove_writer(self.sock.fileno())
 
     def _flush(self) -> None:
         """The event loop, when the socket is writable again."""
@@ -136,8 +150,11 @@ class OutputChannels:
         loop.create_task(self._accept(loop))
 
     def close(self) -> None:
-        for sub in list(self._subscribers.values()):
-            sub.closed = True
+        """The event loop: stop listening and close every subscriber's socket (the engine
+        is stopping: nothing to abort)."""
+        subscribers, self._subscribers = self._subscribers, {}
+        for sub in subscribers.values():
+            sub.shut()
             sub.sock.close()
         if self._server is not None:
             self._server.close()
@@ -204,11 +221,7 @@ class OutputChannels:
         finally:
             sub = self._subscribers.pop(sid, None) if sid is not None else None
             if sub is not None:
-                with sub.lock:
-                    sub.closed = True
-                    if sub.pending:
-                        sub.pending.clear()
-                        loop.remove_writer(sock.fileno())
+                sub.shut()
                 await self._on_closed(sid)
             sock.close()
 
