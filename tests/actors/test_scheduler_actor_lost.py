@@ -1,0 +1,47 @@
+"""A scheduler actor that dies mid-stream: a multiplexed handle's streams (on its socket
+and on a Ray stream alike) end with an error output soon after, never hang, and a new
+request fails at once instead of waiting."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direct", [True, False], ids=["socket", "ray-stream"])
+def test_streams_of_a_lost_scheduler_actor_end_with_an_error(ray_cluster, direct):
+    import ray
+
+    import tandem.actors as ta
+
+    handle = ta.start(model="smollm2", drafter="none", in_process_target=True, max_num_seqs=2, max_seq_len=512)
+    mux = handle.multiplexed(direct)
+
+    async def run():
+        stream = mux.astream("Count to one hundred: 1, 2, 3,", max_tokens=480, temperature=0.0)
+        first = await stream.__anext__()
+        over_socket = mux._mux().over_socket
+        ray.kill(handle.actor)
+        t0 = time.monotonic()
+        rest = await asyncio.wait_for(_drain(stream), timeout=30)
+        took = time.monotonic() - t0
+        try:
+            await asyncio.wait_for(mux.agenerate("Hello", max_tokens=2), timeout=30)
+            later = None
+        except Exception as e:  # noqa: BLE001 - what a request to the lost actor raises
+            later = e
+        return first, over_socket, rest, took, later
+
+    first, over_socket, rest, took, later = asyncio.run(run())
+    assert over_socket is direct
+    assert not first.finished
+    assert rest and rest[-1].finished and rest[-1].finish_reason == "error", rest[-1:]
+    assert "stream" in rest[-1].error, rest[-1].error
+    assert took < 10, took
+    assert later is not None and not isinstance(later, asyncio.TimeoutError), later
+
+
+async def _drain(stream) -> list:
+    return [out async for out in stream]
