@@ -180,3 +180,39 @@ def test_submissions_come_back_in_order_with_each_requests_error():
     assert e0[0] is None and isinstance(e0[1], InvalidRequestError) and e0[1].field == "prompt"
     assert isinstance(e0[2], RuntimeError) and "_Unpicklable" in str(e0[2])  # its text, not a broken channel
     assert e1[0] is None and isinstance(e1[1], RuntimeError)
+
+
+def test_a_subscriber_that_stops_reading_is_cut_off_and_its_requests_aborted(monkeypatch):
+    """Its backlog would otherwise grow in the engine's memory without bound."""
+    monkeypatch.setattr(output_channel, "MAX_PENDING_BYTES", 256 << 10)
+    closed: list[str] = []
+
+    async def on_closed(sid):
+        closed.append(sid)
+
+    async def run():
+        async with _connected("stuck", on_closed=on_closed) as (channels, reader, writer):
+            writer.transport.pause_reading()  # as a subscriber whose event loop hangs
+            routes = {"a": "stuck"}
+
+            delta = "w" * 10_000
+
+            def step_thread():  # never waits, though nobody reads
+                for i in range(2000):  # 20 MB: more than the socket buffers (up to 8 MB a side) and the cap
+                    channels.send([RequestOutput("a", "p", [1], "", [], delta, [i], False, None, None, Usage(1, i))],
+                                  routes)
+
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.to_thread(step_thread)
+            took = asyncio.get_running_loop().time() - t0
+            for _ in range(200):
+                if closed:
+                    break
+                await asyncio.sleep(0.01)
+            still = channels.has("stuck")
+            writer.close()
+            return took, still
+
+    took, still = asyncio.run(run())
+    assert closed == ["stuck"] and not still
+    assert took < 10, took

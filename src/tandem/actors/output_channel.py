@@ -41,6 +41,9 @@ log = logging.getLogger("tandem.actors")
 _HEAD = struct.Struct("<IB")  # a frame's length (after the head), its kind
 OUTPUTS, SUBMIT, SUBMITTED = 0, 1, 2
 _SEND_BUFFER = 4 << 20  # a replica that falls behind a few ticks does not make the step thread wait
+# A subscriber this far behind has stopped reading (its process hangs): it is cut off, its
+# requests aborted, before its backlog takes the engine's memory from every other request.
+MAX_PENDING_BYTES = 256 << 20
 
 
 class _Subscriber:
@@ -78,6 +81,11 @@ class _Subscriber:
             return
         if self.pending:
             self.pending += data
+            if len(self.pending) > MAX_PENDING_BYTES:
+                log.error("an output subscriber has not read %d bytes: cutting it off", len(self.pending))
+                self.closed = True
+                self.pending.clear()
+                self.sock.shutdown(socket.SHUT_RDWR)  # its reader on the event loop sees the end
             return
         try:
             sent = self.sock.send(data)
@@ -100,9 +108,8 @@ class _Subscriber:
         """The event loop: write nothing more (the socket is about to close)."""
         with self.lock:
             self.closed = True
-            if self.pending:
-                self.pending.clear()
-                self.loop.remove_writer(self.sock.fileno())
+            self.pending.clear()
+            self.loop.remove_writer(self.sock.fileno())  # a no-op when none is watched
 
     def _flush(self) -> None:
         """The event loop, when the socket is writable again."""
