@@ -61,6 +61,8 @@ class _Subscriber:
     def send(self, outs: list[RequestOutput]) -> None:
         """Any thread: one OUTPUTS frame of these outputs."""
         with self.lock:
+            if self.closed:
+                return
             wire = []
             for out in outs:
                 wire.append(to_wire(out, out.request_id not in self.started))
@@ -85,7 +87,10 @@ class _Subscriber:
                 log.error("an output subscriber has not read %d bytes: cutting it off", len(self.pending))
                 self.closed = True
                 self.pending.clear()
-                self.sock.shutdown(socket.SHUT_RDWR)  # its reader on the event loop sees the end
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)  # its reader on the event loop sees the end
+                except OSError:  # already gone: its reader sees that too
+                    pass
             return
         try:
             sent = self.sock.send(data)
