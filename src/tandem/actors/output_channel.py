@@ -33,7 +33,7 @@ import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 
-from tandem.actors.wire import to_wire
+from tandem.actors.wire import to_wire_on
 from tandem.outputs import RequestOutput
 
 log = logging.getLogger("tandem.actors")
@@ -63,14 +63,7 @@ class _Subscriber:
         with self.lock:
             if self.closed:
                 return
-            wire = []
-            for out in outs:
-                wire.append(to_wire(out, out.request_id not in self.started))
-                if out.finished:
-                    self.started.discard(out.request_id)
-                else:
-                    self.started.add(out.request_id)
-            self._write(frame(OUTPUTS, wire))
+            self._write(frame(OUTPUTS, [to_wire_on(out, self.started) for out in outs]))
 
     def reply(self, batch: int, errors: list[Exception | None]) -> None:
         with self.lock:

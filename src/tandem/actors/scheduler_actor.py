@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tandem.actors.output_channel import OutputChannels
-from tandem.actors.wire import merge, to_wire
+from tandem.actors.wire import merge, to_wire, to_wire_on
 from tandem.config import EngineConfig
 from tandem.errors import EngineUnavailableError, InvalidRequestError
 from tandem.outputs import RequestOutput, Usage
@@ -140,11 +140,13 @@ class SchedulerActor:
         """The engine's, from inside a tick (the step thread)."""
         self._deliver(outs)
 
-    def _deliver(self, outs: list[RequestOutput]) -> None:
-        """The step thread's outputs: those of socket subscribers straight to their
-        sockets, the rest to the event loop."""
+    def _deliver(self, outs: list[RequestOutput], *, on_loop: bool = False) -> None:
+        """The outputs of socket subscribers straight to their sockets, the rest to the
+        event loop (_dispatch): at once when called on it, else handed over."""
         rest = self._channels.send(outs, self._routes)
-        if rest:
+        if rest and on_loop:
+            self._dispatch(rest)
+        elif rest:
             self._loop.call_soon_threadsafe(self._dispatch, rest)
 
     def _fail_all(self, why: str) -> list[RequestOutput]:
@@ -156,7 +158,7 @@ class SchedulerActor:
 
     def _dispatch(self, outs: list[RequestOutput]) -> None:
         """The event loop: each output to its request's queue or its subscriber's."""
-        for out in self._channels.send(outs, self._routes):
+        for out in outs:
             rid = out.request_id
             q = self._queues.get(rid)
             if q is None and rid in self._routes:
@@ -289,15 +291,7 @@ class SchedulerActor:
                 by_request: dict[str, list[RequestOutput]] = {}
                 for out in outs:
                     by_request.setdefault(out.request_id, []).append(out)
-                item = []
-                for rid, v in by_request.items():
-                    out = merge(v)
-                    item.append(to_wire(out, rid not in started))
-                    if out.finished:
-                        started.discard(rid)
-                    else:
-                        started.add(rid)
-                yield item
+                yield [to_wire_on(merge(v), started) for v in by_request.values()]
         finally:
             self._subscribers.pop(subscriber, None)
             await self._abort_subscriber(subscriber)
@@ -308,8 +302,8 @@ class SchedulerActor:
         rids = [r for r, sid in list(self._routes.items()) if sid == subscriber]
         for rid in rids:
             self._routes.pop(rid, None)
-        for rid in rids:
-            await self._loop.run_in_executor(self._pool, self.engine.abort, rid)
+        if rids:
+            await self._loop.run_in_executor(self._pool, lambda: [self.engine.abort(rid) for rid in rids])
 
     async def output_channel(self) -> dict:
         """Where a subscriber on this node reads its outputs from a socket instead of
@@ -393,7 +387,7 @@ class SchedulerActor:
         self._paused = True
         await self._loop.run_in_executor(self._pool, _wait_for, self._step_lock)
         # the last tick's outputs wait for no next tick
-        self._dispatch(await self._loop.run_in_executor(self._pool, self.engine.flush))
+        self._deliver(await self._loop.run_in_executor(self._pool, self.engine.flush), on_loop=True)
 
     async def resume(self) -> None:
         self._paused = False
@@ -404,7 +398,7 @@ class SchedulerActor:
         self._wake.set()
         if self._thread is not None:
             await self._loop.run_in_executor(self._pool, self._thread.join, 30.0)
-        self._dispatch([error_output(rid, "the server is shutting down") for rid in [*self._queues, *self._routes]])
+        self._deliver([error_output(rid, "the server is shutting down") for rid in [*self._queues, *self._routes]], on_loop=True)
         self._channels.close()
         self.engine.close()
         self.launcher.stop()

@@ -33,6 +33,17 @@ def to_wire(out: RequestOutput, first: bool) -> tuple:
             out.num_draft_tokens, out.num_accepted_tokens)
 
 
+def to_wire_on(out: RequestOutput, started: set[str]) -> tuple:
+    """to_wire for a stream that carries many requests: `started` holds the requests
+    that have had an output on it (updated here), so only a request's first has its prompt."""
+    wire = to_wire(out, out.request_id not in started)
+    if out.finished:
+        started.discard(out.request_id)
+    else:
+        started.add(out.request_id)
+    return wire
+
+
 def from_wire(t: tuple) -> RequestOutput:
     return RequestOutput(*t[:10], Usage(*t[10]), *t[11:])
 
