@@ -71,13 +71,15 @@ def in_process_launcher() -> InProcessLauncher:
 GROUP_SLOTS, GROUP_BUDGET = 4, 12
 
 
-@pytest.fixture
-def group(tiny_model_dir):
-    """A one-rank GrpcShardGroup on an in-process server: GROUP_SLOTS slots, a row budget of GROUP_BUDGET."""
+@pytest.fixture(params=["socket", "grpc"])
+def group(tiny_model_dir, request):
+    """A one-rank GrpcShardGroup on an in-process server: GROUP_SLOTS slots, a row budget of
+    GROUP_BUDGET; its Session stream over the rank's session socket, or over gRPC."""
     from tandem.rpc.grpc_group import GrpcShardGroup
     from tandem.shard.factory import ShardSpec
 
     g = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=GROUP_SLOTS, max_seq_len=32, row_budget=GROUP_BUDGET),
-                       InProcessLauncher(), deadline_s=10)
+                       InProcessLauncher(), deadline_s=10, session_socket=request.param == "socket")
+    assert g.session_transports == [request.param]
     yield g
     g.close()

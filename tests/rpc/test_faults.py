@@ -3,7 +3,8 @@ through the engine: a rank that raises in the forward, a rank process that dies 
 middle of a verify, a rank that hangs, and a short result. Each time the batch finishes
 with finish reason error and a message naming the cause, within the deadline; the ranks
 still reachable got the all-zero verdict; nothing hangs; and after the group's restart
-the next request succeeds.
+the next request succeeds. All of it with the ranks' Session streams over their session
+sockets and over gRPC.
 """
 from __future__ import annotations
 
@@ -31,11 +32,14 @@ WITHIN_S = DEADLINE_S + VERDICT_S + 10.0  # loose: this machine is shared; not a
 F = pb.FaultRequest
 
 
-@pytest.fixture(scope="module")
-def engine(default_model):
+@pytest.fixture(scope="module", params=["socket", "grpc"])
+def engine(default_model, request):
+    """The ranks' Session streams over their session sockets (this host's default), or over gRPC."""
     config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128, row_budget=64)
     group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(2, fault_injection=True), deadline_s=DEADLINE_S,
-                           collective_timeout_s=COLLECTIVE_S, failed_verdict_deadline_s=VERDICT_S)
+                           collective_timeout_s=COLLECTIVE_S, failed_verdict_deadline_s=VERDICT_S,
+                           session_socket=request.param == "socket")
+    assert group.session_transports == [request.param] * 2
     yield Engine(group, default_model.tokenizer, default_model.eos_token_ids, config)
     group.close()
 
@@ -108,4 +112,5 @@ def test_a_failed_rank_finishes_its_batch_with_an_error_and_the_next_request_suc
     ok = engine.generate(["The capital of France is"], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert ok.finish_reason == "length" and len(ok.token_ids) == 8, ok
     assert group.healthy() and group.addresses != addresses
+    assert group.session_transports == ["socket" if group.use_session_socket else "grpc"] * 2
     assert not any(alive(p) for p in pids), "the restart stopped every old rank"

@@ -3,7 +3,7 @@ is not timed while nobody waits for it, and is timed once the caller waits (awai
 rank that stopped answering is cancelled instead of waited for forever."""
 import time
 
-from tandem.rpc.session import Session
+from tandem.rpc.session import GrpcSession
 
 
 class FakeCall:
@@ -24,7 +24,7 @@ class FakeStub:
 
 def test_an_owed_reply_is_timed_only_once_the_caller_waits_for_it():
     stub = FakeStub()
-    session = Session(stub, rank=0)
+    session = GrpcSession(stub, rank=0)
     session.send(object(), None)  # an acknowledgement to be read later
     assert session.deadline is None
     session.expire(time.monotonic() + 3600)
@@ -37,7 +37,7 @@ def test_an_owed_reply_is_timed_only_once_the_caller_waits_for_it():
 
 def test_a_later_command_with_a_deadline_sets_the_stream_deadline():
     stub = FakeStub()
-    session = Session(stub, rank=0)
+    session = GrpcSession(stub, rank=0)
     session.send(object(), None)
     session.send(object(), 5.0)
     assert session.deadline is not None and session.deadline > time.monotonic() + 4

@@ -3,8 +3,10 @@
 Every command goes to all ranks at once, each with a deadline, and rank 0's answer is
 the group's; propose goes to rank 0 alone, where the rank-side drafter lives. The
 tick's commands (prefill, verify, commit, propose, release) travel on one Session
-stream per rank (tandem.rpc.session: cheaper than a unary call each); start-up, health
-and the failed verdict use unary calls. A verify batch is checked against the shape
+stream per rank (tandem.rpc.session: cheaper than a unary call each); a rank on this
+host that offers a session socket gets that stream over the socket instead, the same
+messages without gRPC's thread hand-offs (tandem.rpc.session_socket). Start-up, health
+and the failed verdict use unary gRPC calls. A verify batch is checked against the shape
 rules before anything is sent, and after the forward the verdict words go to every rank.
 
 Verdicts and releases are sent without waiting for their acknowledgements: the
@@ -54,8 +56,9 @@ from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.launcher import ShardLauncher
-from tandem.rpc.server import CHANNEL_OPTIONS
-from tandem.rpc.session import Session, Watchdog
+from tandem.rpc.limits import CHANNEL_OPTIONS
+from tandem.rpc.session import GrpcSession, Session, Watchdog
+from tandem.rpc.session_socket import SocketSession
 from tandem.shard.commands import (
     PrefillItem,
     PrefillResult,
@@ -113,9 +116,11 @@ class GrpcShardGroup:
         collective_timeout_s: float | None = None,
         failed_verdict_deadline_s: float | None = None,
         sessions: bool = True,
+        session_socket: bool = True,
     ):
         self.spec = spec
         self.use_sessions = sessions  # False: the tick's commands as unary calls (the bench's comparison)
+        self.use_session_socket = session_socket  # False: the Session stream over gRPC even on this host
         self.launcher = launcher
         self.deadline_s = deadline_s
         self.init_deadline_s = init_deadline_s
@@ -241,8 +246,8 @@ class GrpcShardGroup:
         self._stubs = [pb_grpc.ShardControlStub(c) for c in self._channels]
         world = len(self.addresses)
         # The servers already listen; wait_for_ready rides out a slow first connection.
-        replies = self._fan_out("Health", pb.Empty(), self.init_deadline_s, wait_for_ready=True)
-        self._raise_on_start_failure(replies, "health check")
+        health = self._fan_out("Health", pb.Empty(), self.init_deadline_s, wait_for_ready=True)
+        self._raise_on_start_failure(health, "health check")
         address = ""
         if world > 1:
             (port,) = self._fan_out("CollectivePort", pb.Empty(), self.deadline_s, ranks=[0])
@@ -268,11 +273,26 @@ class GrpcShardGroup:
         if self.use_sessions:
             if self._watchdog is None:
                 self._watchdog = Watchdog()
-            self._sessions = [Session(stub, rank) for rank, stub in enumerate(self._stubs)]
+            self._sessions = [self._open_session(rank, reply.value) for rank, reply in enumerate(health)]
             self._watchdog.sessions = list(self._sessions)
         self.last_failure = None
         self._healthy = True
-        log.info("shard group of %d ranks ready at %s", world, ", ".join(self.addresses))
+        log.info("shard group of %d ranks ready at %s (sessions over %s)", world, ", ".join(self.addresses),
+                 ", ".join(self.session_transports) or "none: unary calls")
+
+    @property
+    def session_transports(self) -> list[str]:
+        """Each rank's Session carrier: "socket" or "grpc"."""
+        return [s.transport for s in self._sessions]
+
+    def _open_session(self, rank: int, health: pb.HealthReply) -> Session:
+        """Over the rank's session socket where it is reachable from here, else over gRPC."""
+        if self.use_session_socket and health.session_socket:
+            try:
+                return SocketSession.connect(health.session_socket, health.session_token, rank, self.deadline_s)
+            except (OSError, EOFError) as e:  # another host or network namespace
+                log.info("rank %d: session over gRPC (its socket cannot be reached from here: %s)", rank, e)
+        return GrpcSession(self._stubs[rank], rank)
 
     def _check_drafter(self) -> None:
         """Rank 0 loaded its drafter from its own file system: say what it loaded, and warn

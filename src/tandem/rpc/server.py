@@ -7,7 +7,9 @@ rendezvous may take up to the Init deadline; every collective after it fails aft
 
 One command runs at a time (a lock); a command that cannot get the lock before its
 deadline is answered UNAVAILABLE. The scheduler sends its tick's commands on a Session
-stream (one per rank and group, see grpc_group); each has a unary RPC too. Health never
+stream (one per rank and group, see grpc_group); each has a unary RPC too. A scheduler on
+the same host may open that stream on the rank's session socket instead (named in the
+Health reply; tandem.rpc.session_socket): the same messages, the same code. Health never
 waits. A malformed command (wrong shape, unknown slot, empty tokens) is refused with
 INVALID_ARGUMENT before any state changes, and the server keeps serving; any other
 failure is INTERNAL, with the exception's text.
@@ -35,17 +37,13 @@ from tandem.errors import ShapeError
 from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
+from tandem.rpc.limits import CHANNEL_OPTIONS
+from tandem.rpc.session_socket import SessionSocketServer
 from tandem.shard.commands import Verdict
 from tandem.shard.model_shard import ModelShard
 
 log = logging.getLogger("tandem.rpc.server")
 
-# Messages may carry whole prompts; the gRPC default of 4 MiB is too tight for long ones.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
 _NO_DEADLINE_WAIT_S = 600.0  # how long a command without a deadline waits for the lock
 _HANG_S = 3600.0  # an injected hang lasts this long (or until the process is stopped)
 
@@ -69,6 +67,7 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         self._verdicts = 0
         self._failed_verdicts = 0
         self._last_verdict: Verdict | None = None
+        self.session_socket: SessionSocketServer | None = None  # set by start_shard_server
         # Tick command -> (message -> reply message, its field in a Session reply), for the
         # unary RPCs and the Session stream alike. Decoding runs inside the command, so a
         # message the codec refuses fails that command, not the stream.
@@ -125,6 +124,8 @@ class ShardServicer(pb_grpc.ShardControlServicer):
             last_verdict_failed=last.failed if last is not None else False,
             verdicts=self._verdicts,
             failed_verdicts=self._failed_verdicts,
+            session_socket=self.session_socket.name if self.session_socket is not None else "",
+            session_token=self.session_socket.token if self.session_socket is not None else b"",
         )
 
     def InjectFault(self, request, context):
@@ -333,10 +334,25 @@ def _join_collective_group(request, device: torch.device):
     return dist.new_group(ranks=list(range(request.world_size)), timeout=collective_timeout, backend=backend)
 
 
-def start_shard_server(bind: str = "127.0.0.1:0", *, fault_injection: bool = False) -> tuple[grpc.Server, str]:
-    """Start a shard server on `bind` (port 0 = any free port); returns it and its address
-    (bind's host with the bound port: a caller that bound 0.0.0.0 substitutes its own IP)."""
+class ShardServer:
+    """A rank's gRPC server and its session socket: stop() ends both."""
+
+    def __init__(self, server: grpc.Server, session_socket: SessionSocketServer):
+        self.grpc = server
+        self.session_socket = session_socket
+
+    def stop(self, grace: float | None):
+        """As grpc.Server.stop (its event is returned); the socket's streams end at once."""
+        self.session_socket.close()
+        return self.grpc.stop(grace)
+
+
+def start_shard_server(bind: str = "127.0.0.1:0", *, fault_injection: bool = False) -> tuple[ShardServer, str]:
+    """Start a shard server on `bind` (port 0 = any free port) and its session socket;
+    returns it and its address (bind's host with the bound port: a caller that bound
+    0.0.0.0 substitutes its own IP)."""
     servicer = ShardServicer(fault_injection=fault_injection)
+    servicer.session_socket = SessionSocketServer(servicer._session_replies)  # the Session RPC's own code
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="shard-rpc"),
         options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
@@ -344,7 +360,8 @@ def start_shard_server(bind: str = "127.0.0.1:0", *, fault_injection: bool = Fal
     pb_grpc.add_ShardControlServicer_to_server(servicer, server)
     port = server.add_insecure_port(bind)
     if port == 0:
+        servicer.session_socket.close()
         raise OSError(f"shard server: cannot bind {bind}")
     server.start()
     host = bind.rpartition(":")[0]
-    return server, f"{host}:{port}"
+    return ShardServer(server, servicer.session_socket), f"{host}:{port}"

@@ -17,6 +17,9 @@ awaiting() sets once the caller waits for it. A stream that failed
 (deadline, lost rank, channel closed) stays failed: every later command on it answers at
 once with the same status. The group is unhealthy by then and its restart opens fresh
 streams.
+
+Session keeps that bookkeeping; GrpcSession carries the messages on the gRPC stream,
+tandem.rpc.session_socket.SocketSession on a Unix socket to a rank on the same host.
 """
 from __future__ import annotations
 
@@ -34,17 +37,27 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _WATCH_PERIOD_S = 0.1  # how late past its deadline a stream may be cancelled
 
 
+class StreamBroken(Exception):
+    """The transport's way to say the stream ended: the status a unary call would have had."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
 class Session:
-    def __init__(self, stub, rank: int):
+    """One rank's command stream: the replies' deadlines, the failure that ends it. A
+    transport subclass carries the messages (_write, _read, _cancel, close)."""
+
+    transport = "none"
+
+    def __init__(self, rank: int):
         self.rank = rank
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.deadline: float | None = None  # monotonic; the earliest deadline of a reply to come
         self._due: deque[float | None] = deque()  # one entry per reply to come, in order
         self._timed_out = False
         self.failure: tuple[grpc.StatusCode, str, float] | None = None  # (code, details, when)
-        # the request iterator ends at None (close)
-        self._call = stub.Session(iter(self._requests.get, None))
 
     def send(self, command: pb.Command, timeout: float | None, *, riders: int = 0) -> None:
         """Queue a command; timeout None: its reply has no deadline of its own. The
@@ -55,7 +68,7 @@ class Session:
                 self._due.extend([None] * riders)
                 self._due.append(None if timeout is None else time.monotonic() + timeout)
                 self._refresh_deadline()
-            self._requests.put(command)
+            self._write(command)
 
     def awaiting(self, timeout: float) -> None:
         """The caller now waits for every reply still to come: a reply sent without a
@@ -73,11 +86,9 @@ class Session:
         if self.failure is not None:
             return None, *self.failure
         try:
-            reply = next(self._call)
-        except grpc.RpcError as e:
-            return None, *self._fail(e.code(), e.details() or "")
-        except StopIteration:
-            return None, *self._fail(grpc.StatusCode.UNAVAILABLE, "the session stream ended")
+            reply = self._read()
+        except StreamBroken as e:
+            return None, *self._fail(e.code, e.details)
         with self._lock:
             if self._due:
                 self._due.popleft()
@@ -105,6 +116,49 @@ class Session:
                 return
             self._timed_out = True
             self.deadline = None
+        self._cancel()
+
+    # ---- the transport --------------------------------------------------------------------
+
+    def _write(self, command: pb.Command) -> None:
+        """Send one command; never raises (a broken stream shows in the next _read)."""
+        raise NotImplementedError
+
+    def _read(self) -> pb.CommandReply:
+        """The next reply, in order; StreamBroken once the stream is gone."""
+        raise NotImplementedError
+
+    def _cancel(self) -> None:
+        """End the stream now (from another thread): a waiting _read raises StreamBroken."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class GrpcSession(Session):
+    """The Session RPC of the rank's gRPC server."""
+
+    transport = "grpc"
+
+    def __init__(self, stub, rank: int):
+        super().__init__(rank)
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        # the request iterator ends at None (close)
+        self._call = stub.Session(iter(self._requests.get, None))
+
+    def _write(self, command: pb.Command) -> None:
+        self._requests.put(command)
+
+    def _read(self) -> pb.CommandReply:
+        try:
+            return next(self._call)
+        except grpc.RpcError as e:
+            raise StreamBroken(e.code(), e.details() or "") from None
+        except StopIteration:
+            raise StreamBroken(grpc.StatusCode.UNAVAILABLE, "the session stream ended") from None
+
+    def _cancel(self) -> None:
         self._call.cancel()
 
     def close(self) -> None:

@@ -226,7 +226,7 @@ class ReleaseRequest(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("ready", "rank", "world_size", "pid", "busy", "pending_batch_id", "last_verdict_batch_id", "last_verdict_failed", "verdicts", "failed_verdicts")
+    __slots__ = ("ready", "rank", "world_size", "pid", "busy", "pending_batch_id", "last_verdict_batch_id", "last_verdict_failed", "verdicts", "failed_verdicts", "session_socket", "session_token")
     READY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +237,8 @@ class HealthReply(_message.Message):
     LAST_VERDICT_FAILED_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     FAILED_VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     rank: int
     world_size: int
@@ -247,7 +249,9 @@ class HealthReply(_message.Message):
     last_verdict_failed: bool
     verdicts: int
     failed_verdicts: int
-    def __init__(self, ready: _Optional[bool] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., busy: _Optional[bool] = ..., pending_batch_id: _Optional[int] = ..., last_verdict_batch_id: _Optional[int] = ..., last_verdict_failed: _Optional[bool] = ..., verdicts: _Optional[int] = ..., failed_verdicts: _Optional[int] = ...) -> None: ...
+    session_socket: str
+    session_token: bytes
+    def __init__(self, ready: _Optional[bool] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., busy: _Optional[bool] = ..., pending_batch_id: _Optional[int] = ..., last_verdict_batch_id: _Optional[int] = ..., last_verdict_failed: _Optional[bool] = ..., verdicts: _Optional[int] = ..., failed_verdicts: _Optional[int] = ..., session_socket: _Optional[str] = ..., session_token: _Optional[bytes] = ...) -> None: ...
 
 class FaultRequest(_message.Message):
     __slots__ = ("mode",)

@@ -141,7 +141,8 @@ class ShardControlServicer:
         """The same commands (prefill, verify, commit, propose, release) on one long-lived
         stream per rank: one reply per command (riders included), in order. What the
         scheduler's tick uses: a message on an open stream skips a unary call's setup and
-        its thread hand-offs.
+        its thread hand-offs. On the scheduler's own host the same messages may travel
+        over a Unix socket instead (HealthReply.session_socket): no thread hand-offs at all.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,121 @@
+"""The session socket: a rank's Session stream over a Unix socket, for a scheduler on the
+same host. It answers exactly as the gRPC stream does, lets in only a client holding the
+rank's token, ends only the stream a bad frame came on, and a group that cannot reach it
+uses gRPC."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from conftest import InProcessLauncher
+from test_shard_server import init, verify_msg
+from tandem.rpc.generated import shard_pb2 as pb
+from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
+from tandem.rpc.server import start_shard_server
+from tandem.rpc.session import StreamBroken
+from tandem.rpc.session_socket import SocketSession, write_frame
+
+COMMANDS = [
+    pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[pb.PrefillItem(slot=0, tokens=[1, 2, 3]),
+                                                              pb.PrefillItem(slot=1, tokens=[4, 5, 6])])),
+    pb.Command(timeout_s=10, verify=verify_msg()),
+    pb.Command(timeout_s=10, verify=verify_msg(batch_id=2, start_pos=[5]),
+               before=[pb.Command(timeout_s=10, commit=pb.Verdict(batch_id=1, words=[2]))]),
+    pb.Command(timeout_s=10, verify=verify_msg(batch_id=3, start_pos=[9])),  # refused: a pending verify and a wrong start
+    pb.Command(timeout_s=10, release=pb.ReleaseRequest(slots=[0, 1])),
+]
+
+
+def open_socket(stub, rank: int = 0, token: bytes | None = None) -> SocketSession:
+    health = stub.Health(pb.Empty(), timeout=10)
+    assert health.session_socket, "an in-process server on this host offers a session socket"
+    return SocketSession.connect(health.session_socket, health.session_token if token is None else token, rank, 10)
+
+
+def exchange(session: SocketSession, commands: list[pb.Command]) -> list[pb.CommandReply]:
+    for cmd in commands:
+        session.send(cmd, 10, riders=len(cmd.before))
+    replies = []
+    for cmd in commands:
+        for _ in range(len(cmd.before) + 1):
+            reply, code, details, _ = session.receive()
+            replies.append(reply if code is None else pb.CommandReply(code=code.value[0], details=details))
+    return replies
+
+
+@pytest.mark.timeout(120)
+def test_the_socket_answers_every_command_as_the_grpc_stream_does(shard_server, tiny_model_dir):
+    over_grpc, _ = shard_server()
+    over_socket, _ = shard_server()
+    for stub in (over_grpc, over_socket):
+        init(stub, tiny_model_dir)
+    expected = list(over_grpc.Session(iter(COMMANDS), timeout=30))
+    session = open_socket(over_socket)
+    got = exchange(session, COMMANDS)
+    session.close()
+    assert [r.WhichOneof("reply") for r in expected] == ["prefill", "verify", "done", "verify", None, "done"]
+    assert expected[4].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert got == expected
+
+
+@pytest.mark.timeout(120)
+def test_a_client_without_the_token_is_turned_away_and_the_rank_keeps_serving(shard_server, tiny_model_dir):
+    stub, _ = shard_server()
+    init(stub, tiny_model_dir)
+    with pytest.raises(EOFError):
+        open_socket(stub, token=b"not the token")
+    session = open_socket(stub)
+    assert exchange(session, COMMANDS[:1])[0].prefill.next_tokens
+    session.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_frame_that_is_no_command_ends_its_own_stream_only(shard_server, tiny_model_dir):
+    stub, _ = shard_server()
+    init(stub, tiny_model_dir)
+    broken, healthy = open_socket(stub), open_socket(stub)
+    write_frame(broken._sock, b"\xff\xff\xff not a protobuf message")
+    _, code, details, _ = broken.receive()
+    assert code == grpc.StatusCode.UNAVAILABLE and "session socket closed" in details
+    assert broken.receive()[1] == grpc.StatusCode.UNAVAILABLE, "a broken stream stays broken"
+    assert exchange(healthy, COMMANDS[:1])[0].prefill.next_tokens
+    for session in (broken, healthy):
+        session.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_rank_ends_a_waiting_read_instead_of_leaving_it_waiting(tiny_model_dir):
+    server, address = start_shard_server("127.0.0.1:0")
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.ShardControlStub(channel)
+        init(stub, tiny_model_dir)
+        session = open_socket(stub)
+    server.stop(grace=None)
+    with pytest.raises(StreamBroken) as info:
+        session._read()
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    session.close()
+
+
+class _SocketGoneLauncher(InProcessLauncher):
+    """A rank whose Health names a session socket this process cannot reach."""
+
+    def start(self) -> list[str]:
+        addresses = super().start()
+        self.servers[-1].session_socket.close()
+        return addresses
+
+
+@pytest.mark.timeout(120)
+def test_a_group_that_cannot_reach_the_socket_uses_grpc(tiny_model_dir):
+    from tandem.rpc.grpc_group import GrpcShardGroup
+    from tandem.shard.commands import PrefillItem
+    from tandem.shard.factory import ShardSpec
+
+    group = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=2, max_seq_len=32, row_budget=8),
+                           _SocketGoneLauncher(), deadline_s=10)
+    try:
+        assert group.session_transports == ["grpc"]
+        assert group.prefill([PrefillItem(0, [1, 2, 3])]).next_tokens
+    finally:
+        group.close()
