@@ -78,3 +78,4 @@ def test_a_killed_shard_fails_only_its_batch_and_the_others_go_on(tp2):
     assert tp2.generate(PROMPT_B, max_tokens=24, temperature=0.0, ignore_eos=True).text == expected_b
     health = tp2.health()
     assert health["status"] == "ok" and health["restarts"] >= 1
+    assert health["shard_sessions"] == ["socket", "socket"], "the restarted ranks' streams go over their sockets again"

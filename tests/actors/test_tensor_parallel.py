@@ -12,6 +12,7 @@ def test_two_shard_actors_write_the_embedded_engines_greedy_text(tp2, embedded):
     assert [tp2.generate(p, params).text for p in PROMPTS] == expected
     assert len(tp2.shard_actors()) == 2
     assert tp2.info["tensor_parallel_size"] == 2
+    assert tp2.health()["shard_sessions"] == ["socket", "socket"], "ranks on the scheduler's node: the session socket"
 
 
 def test_concurrent_requests_batch_together_and_keep_their_text(tp2, embedded):

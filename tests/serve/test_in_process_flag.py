@@ -1,5 +1,5 @@
-"""`tandem serve --in-process-target`: the flag reaches the app's arguments, and a
-combination it cannot serve is refused before Ray starts, naming the field."""
+"""`tandem serve --in-process-target` and `--no-session-socket`: the flags reach the app's
+arguments, and a combination it cannot serve is refused before Ray starts, naming the field."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +12,11 @@ from .cli_args import cli_args
 def test_the_flag_reaches_the_app_arguments():
     assert serve_cli.serve_args(cli_args("--in-process-target")).in_process_target is True
     assert serve_cli.serve_args(cli_args()).in_process_target is False
+
+
+def test_the_session_socket_is_on_unless_turned_off():
+    assert serve_cli.serve_args(cli_args()).session_socket is True
+    assert serve_cli.serve_args(cli_args("--no-session-socket")).session_socket is False
 
 
 def test_an_in_process_target_with_two_shards_is_refused_before_ray_starts(capsys, monkeypatch):

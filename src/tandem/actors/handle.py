@@ -49,6 +49,7 @@ def start(
     rpc_deadline_s: float = 30.0,
     fault_injection: bool = False,
     in_process_target: bool = False,
+    session_socket: bool = True,
     ready_timeout_s: float = 600.0,
     **engine_options,
 ) -> "TandemHandle":
@@ -60,7 +61,9 @@ def start(
     what each ShardActor reserves (None: 1 when the cluster has GPUs, else 0).
     in_process_target keeps a single rank inside the scheduler actor (no shard actors, no
     gRPC, no recovery; the actor then reserves shard_num_gpus itself): the control path
-    without a process hop, for a single rank whose loss may take the engine with it."""
+    without a process hop, for a single rank whose loss may take the engine with it.
+    session_socket=False sends the tick's commands over gRPC even to shard actors on the
+    scheduler's node (by default they go over each rank's Unix session socket there)."""
     import ray
 
     config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)
@@ -75,6 +78,7 @@ def start(
         shard_torch_threads=shard_torch_threads,
         fault_injection=fault_injection,
         in_process_target=in_process_target,
+        session_socket=session_socket,
     )
     options = {"num_cpus": scheduler_num_cpus, "max_concurrency": 4096, "max_restarts": 0}
     if in_process_target and shard_num_gpus:

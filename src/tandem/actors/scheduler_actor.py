@@ -49,6 +49,7 @@ class SchedulerSettings:
     shard_torch_threads: int | None = None  # None: the node's cores / ranks on CPU
     fault_injection: bool = False  # let tests make a rank fail on purpose
     in_process_target: bool = False  # one rank inside this actor (LocalShardGroup), no shard actors
+    session_socket: bool = True  # the tick's commands to ranks on this host over their session socket
 
 
 class SchedulerActor:
@@ -96,7 +97,8 @@ class SchedulerActor:
             torch_threads=s.shard_torch_threads,
             fault_injection=s.fault_injection,
         )
-        group = GrpcShardGroup(s.engine.shard_spec(), launcher, deadline_s=s.rpc_deadline_s, init_deadline_s=s.init_deadline_s)
+        group = GrpcShardGroup(s.engine.shard_spec(), launcher, deadline_s=s.rpc_deadline_s,
+                               init_deadline_s=s.init_deadline_s, session_socket=s.session_socket)
         tok = load_tokenizer(s.engine.model, progress=False)
         engine = Engine(group, tok.tokenizer, tok.eos_token_ids, s.engine, model_name=tok.name)
         return engine, launcher
@@ -347,6 +349,8 @@ class SchedulerActor:
             "restarts": max(0, self.launcher.generation - 1),
             "ticks": self.ticks,
             "step_seconds": self.step_seconds,
+            # each rank's command stream: "socket" (same node), "grpc", or none in process
+            "shard_sessions": list(getattr(e.group, "session_transports", [])),
         }
 
     async def metrics(self) -> bytes:

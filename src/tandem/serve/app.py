@@ -37,6 +37,7 @@ class OpenAIIngress:
             shard_torch_threads=a.shard_torch_threads,
             rpc_deadline_s=a.rpc_deadline_s,
             in_process_target=a.in_process_target,
+            session_socket=a.session_socket,
             name=a.engine_actor_name,
             namespace=ENGINE_NAMESPACE,
             draft_model=a.draft_model,
