@@ -1,14 +1,16 @@
-"""Where a verify over gRPC spends its time: the two legs of the round trip and the shard's
-own work, against the same verify in process.
+"""Where a verify to a shard process spends its time: the two legs of the round trip and
+the shard's own work, against the same verify in process; the Session stream over gRPC
+and over the rank's session socket.
 
     python bench/verify_legs.py [--model smollm2 | tiny-random | a folder or GGUF]
                                 [--concurrency 1 16] [--runs 3] [--pin 2,3[/4,5]]
+                                [--carriers grpc socket]
 
 serve_load's greedy requests (32 tokens each, C at once) run on the embedded engine and
-on the engine over one gRPC shard process (no Ray), taking turns. The shard process is this
-script in its worker mode: the usual shard server, whose Session replies are stamped
-(when the command came out of the stream, when its reply was ready). Both processes
-read the same monotonic clock, so each verify of the scheduler splits into
+on the engine over one shard process per carrier (no Ray), taking turns. A shard process
+is this script in its worker mode: the usual shard server, whose Session replies are
+stamped (when the command came out of the stream, when its reply was ready). All
+processes read the same monotonic clock, so each verify of the scheduler splits into
 
     up     the scheduler sends the command -> the shard's handler has it
     shard  the handler has it -> the reply is ready (the riders, i.e. the last verdict,
@@ -17,8 +19,8 @@ read the same monotonic clock, so each verify of the scheduler splits into
 
 --pin puts the scheduler's threads on the first set of cores and the shard's on the
 second (or the same set): how much of the legs is threads waking on idle cores.
-Prints a table, then one JSON line: {"legs_ms": {"c1": {"up": ..., "shard": ..., "down": ...,
-"verify_grpc": ..., "verify_local": ...}, ...}}.
+Prints a table, then one JSON line: {"legs_ms": {"c1": {"verify_local": ..., "tokens_per_s_local": ...,
+"grpc": {"up": ..., "shard": ..., "down": ..., "verify": ..., "tokens_per_s": ...}, "socket": {...}}, ...}}.
 """
 from __future__ import annotations
 
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per side and concurrency")
     ap.add_argument("--pin", default=None, metavar="CORES[/CORES]",
                     help="pin the scheduler's threads to these cores and the shard's to the second set (default: the same)")
+    ap.add_argument("--carriers", nargs="+", choices=["grpc", "socket"], default=["grpc", "socket"],
+                    help="the shard processes' Session carriers to compare with the embedded engine")
     ap.add_argument("--shard-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.shard_worker:
@@ -152,15 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(model=args.model, max_num_seqs=max(args.concurrency), max_seq_len=512)
     say("loading the embedded engine")
     local = Engine.from_config(config, progress=False)
-    say("starting the shard process")
-    launcher = WorkerLauncher()
     tok = load_tokenizer(config.model, progress=False)
-    remote = Engine(GrpcShardGroup(config.shard_spec(), launcher), tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
+    launchers, sides = {}, {"local": local}
+    for carrier in args.carriers:
+        say(f"starting the shard process ({carrier})")
+        launchers[carrier] = WorkerLauncher()
+        group = GrpcShardGroup(config.shard_spec(), launchers[carrier], session_socket=carrier == "socket")
+        assert group.session_transports == [carrier], group.session_transports
+        sides[carrier] = Engine(group, tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
     if args.pin:
         mine, _, theirs = args.pin.partition("/")
         pin(os.getpid(), {int(c) for c in mine.split(",")})
-        pin(launcher.proc.pid, {int(c) for c in (theirs or mine).split(",")})
-    sides = {"local": local, "grpc": remote}
+        for launcher in launchers.values():
+            pin(launcher.proc.pid, {int(c) for c in (theirs or mine).split(",")})
     for side, engine in sides.items():
         engine.group = engine.ctx.group = TimedVerify(engine.group)
     results: dict[int, dict] = {}
@@ -176,20 +184,23 @@ def main(argv: list[str] | None = None) -> int:
                     tps[side].append(run(engine, n))
             results[n] = {side: (max(tps[side]), e.group.calls[marks[side]:]) for side, e in sides.items()}
     finally:
-        remote.close()
-        local.close()
-    stamps = launcher.stamps()
-    shutil.rmtree(launcher.dir, ignore_errors=True)
+        for engine in sides.values():
+            engine.close()
+    stamps = {carrier: launcher.stamps() for carrier, launcher in launchers.items()}
+    for launcher in launchers.values():
+        shutil.rmtree(launcher.dir, ignore_errors=True)
 
     rows, out = [], {}
     for n, r in results.items():
         verify = {side: 1000 * statistics.median(b - a for a, b in calls) for side, (_, calls) in r.items()}
-        split = legs(r["grpc"][1], stamps)
-        out[f"c{n}"] = {"verify_local": verify["local"], "verify_grpc": verify["grpc"], **split,
-                        "tokens_per_s_local": r["local"][0], "tokens_per_s_grpc": r["grpc"][0]}
-        rows.append([n, verify["local"], verify["grpc"], split["up"], split["shard"], split["down"],
-                     r["local"][0], r["grpc"][0]])
-    print_table(["C", "verify in process", "verify over gRPC", "up", "shard", "down", "tok/s local", "tok/s gRPC"], rows,
+        out[f"c{n}"] = {"verify_local": verify["local"], "tokens_per_s_local": r["local"][0]}
+        rows.append([n, "in process", verify["local"], None, None, None, r["local"][0], 1.0])
+        for carrier in launchers:
+            split = legs(r[carrier][1], stamps[carrier])
+            out[f"c{n}"][carrier] = {"verify": verify[carrier], **split, "tokens_per_s": r[carrier][0]}
+            rows.append([n, carrier, verify[carrier], split["up"], split["shard"], split["down"], r[carrier][0],
+                         r[carrier][0] / r["local"][0]])
+    print_table(["C", "where", "verify", "up", "shard", "down", "tok/s", "tok/s / in process"], rows,
                 title=f"median ms a verify{' (pinned ' + args.pin + ')' if args.pin else ''}")
     json_line({"legs_ms": out, "pin": args.pin, "machine": machine()})
     return 0
