@@ -18,6 +18,9 @@ machine's load hits all alike. Per request:
           connections are opened before the timed run)
     itl   inter-token latency: (last chunk - first chunk) / (tokens - 1)
     tokens/s  all completion tokens / (first request sent -> last request done)
+    tick  the engine's mean Engine.step() over the runs (served and handle: the
+          scheduler actor's own count): what the engine itself costs, against the
+          time between its ticks
 
 Prints a short table, then one JSON line whose keys per concurrency include
 added_latency_ms_p50 (served p50 TTFT - embedded p50 TTFT, the per-request overhead of
@@ -59,8 +62,8 @@ def pct(xs: list[float], q: float) -> float:
     return xs[i]
 
 
-def summary(ttft: list[float], itl: list[float], tokens: int, wall: float) -> dict:
-    return {"ttft": ttft, "itl": itl, "tokens_per_s": tokens / wall if wall > 0 else 0.0}
+def summary(ttft: list[float], itl: list[float], tokens: int, wall: float, tick_s: float = 0.0, ticks: int = 0) -> dict:
+    return {"ttft": ttft, "itl": itl, "tokens_per_s": tokens / wall if wall > 0 else 0.0, "tick_s": tick_s, "ticks": ticks}
 
 
 def combine(runs: list[dict]) -> dict:
@@ -74,6 +77,7 @@ def combine(runs: list[dict]) -> dict:
         "itl_ms_p50": 1000 * pct(itl, 50),
         "itl_ms_p99": 1000 * pct(itl, 99),
         "tokens_per_s": max(r["tokens_per_s"] for r in runs),
+        "tick_ms": 1000 * sum(r["tick_s"] for r in runs) / max(1, sum(r["ticks"] for r in runs)),
         "requests": len(ttft),
     }
 
@@ -102,17 +106,30 @@ def run_embedded(engine, n: int, max_tokens: int) -> dict:
     for i in range(n):
         t = time.perf_counter()
         sent[engine.add_request(PROMPTS[i % len(PROMPTS)], params)] = t
+    tick_s, ticks = 0.0, 0
     while len(last) < n:
-        take(engine.step())
+        t = time.perf_counter()
+        outs = engine.step()
+        tick_s, ticks = tick_s + time.perf_counter() - t, ticks + 1
+        take(outs)
     wall = max(last.values()) - t0
     ids = list(sent)
     ttft = [first[i] - sent[i] for i in ids]
     itl = [(last[i] - first[i]) / max(1, ntok[i] - 1) for i in ids]
-    return summary(ttft, itl, sum(ntok.values()), wall)
+    return summary(ttft, itl, sum(ntok.values()), wall, tick_s, ticks)
 
 
-def grpc_engine(engine_cfg: dict, threads: int):
-    """The same engine over one local gRPC shard process: the served path's control path,
+def with_actor_ticks(handle, run):
+    """run() on the served engine, with the scheduler actor's ticks over it."""
+    before = handle.health()
+    result = run()
+    after = handle.health()
+    result.update(tick_s=after["step_seconds"] - before["step_seconds"], ticks=after["ticks"] - before["ticks"])
+    return result
+
+
+def grpc_engine(engine_cfg: dict, threads: int, session_socket: bool):
+    """The same engine over one local shard process: the served path's control path,
     without Ray."""
     from tandem.config import EngineConfig
     from tandem.engine import Engine
@@ -122,7 +139,7 @@ def grpc_engine(engine_cfg: dict, threads: int):
 
     config = EngineConfig(**engine_cfg)
     tok = load_tokenizer(config.model, progress=False)
-    group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(1, threads_per_rank=threads))
+    group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(1, threads_per_rank=threads), session_socket=session_socket)
     return Engine(group, tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
 
 
@@ -209,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="where both sides' target runs: auto = a GPU if there is one (the shard actors then take one each)")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--grpc", action="store_true",
-                    help="also the engine over one gRPC shard process, without Ray (where the served path's time goes)")
+                    help="also the engine over one shard process, without Ray (where the served path's time goes)")
+    ap.add_argument("--no-session-socket", dest="session_socket", action="store_false",
+                    help="the tick's commands to the shard process(es) over gRPC, not their session sockets")
     ap.add_argument("--through-proxy", action="store_true",
                     help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
     ap.add_argument("--repeats", type=int, default=2,
@@ -246,20 +265,21 @@ def main(argv: list[str] | None = None) -> int:
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
         "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
         "engine_actor_name": "tandem-bench", "shard_num_gpus": 1.0 if gpu else 0.0, "served_model_name": args.model,
+        "session_socket": args.session_socket,
     }), name="tandem", route_prefix="/", blocking=False)
     from tandem.actors import connect
 
     handle = connect("tandem-bench")
     torch.set_num_threads(args.threads)
     engine = Engine.from_config(progress=False, **engine_cfg)
-    over_grpc = grpc_engine(engine_cfg, args.threads) if args.grpc else None
+    over_grpc = grpc_engine(engine_cfg, args.threads, args.session_socket) if args.grpc else None
     # All stay up; the runs alternate (embedded, handle, served, embedded, ...) so that a
     # change in the machine's load hits all alike.
     sides = {
         "embedded": lambda c: run_embedded(engine, c, args.max_tokens),
         "grpc": lambda c: run_embedded(over_grpc, c, args.max_tokens),
-        "handle": lambda c: asyncio.run(run_handle_async(handle, c, args.max_tokens)),
-        "served": lambda c: asyncio.run(run_served_async(args.port, args.model, c, args.max_tokens)),
+        "handle": lambda c: with_actor_ticks(handle, lambda: asyncio.run(run_handle_async(handle, c, args.max_tokens))),
+        "served": lambda c: with_actor_ticks(handle, lambda: asyncio.run(run_served_async(args.port, args.model, c, args.max_tokens))),
     }
     if over_grpc is None:
         del sides["grpc"]
@@ -281,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         serve.shutdown()
         ray.shutdown()
 
-    print(f"{'C':>3} {'where':>8} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>8}")
+    print(f"{'C':>3} {'where':>8} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>8} {'tick':>6}")
     best = {side: {c: combine(rs) for c, rs in by_c.items()} for side, by_c in runs.items()}
     embedded, served = best["embedded"], best["served"]
     result = {}
@@ -289,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         for where in sides:
             s = best[where][c]
             print(f"{c:>3} {where:>8} {s['ttft_ms_p50']:>9.1f} {s['ttft_ms_p99']:>9.1f} {s['itl_ms_p50']:>8.1f} "
-                  f"{s['itl_ms_p99']:>8.1f} {s['tokens_per_s']:>8.1f}")
+                  f"{s['itl_ms_p99']:>8.1f} {s['tokens_per_s']:>8.1f} {s['tick_ms']:>6.2f}")
         e, s = embedded[c], served[c]
         result[str(c)] = {
             "added_latency_ms_p50": round(s["ttft_ms_p50"] - e["ttft_ms_p50"], 2),
@@ -301,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "device": device,
                       "in_process_target": args.in_process_target, "through_proxy": args.through_proxy,
+                      "session_socket": args.session_socket,
                       "concurrency": result}))
     return 0
 
