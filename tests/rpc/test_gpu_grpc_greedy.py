@@ -1,7 +1,8 @@
-"""On a GPU, over real gRPC with `emit` set (as the scheduler actor runs the engine): each
-tick's verdict rides on the next verify, and the shard queues that verify's forward
+"""On a GPU, over a shard server with `emit` set (as the scheduler actor runs the engine):
+each tick's verdict rides on the next verify, and the shard queues that verify's forward
 before it answers the verdict. Greedy output must still equal the target's own greedy
-output, token for token, with the verify forward in CUDA graphs."""
+output, token for token, with the verify forward in CUDA graphs; with the Session stream
+over the rank's session socket and over gRPC."""
 from __future__ import annotations
 
 import pytest
@@ -38,7 +39,8 @@ def prompts(count: int) -> list[list[int]]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("batch", [1, 4, 8])
-def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_model_dir, in_process_launcher, batch):
+@pytest.mark.parametrize("carrier", ["socket", "grpc"])
+def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_model_dir, in_process_launcher, batch, carrier):
     config = EngineConfig(model=tiny_model_dir, device="cuda", drafter="ngram", max_num_seqs=8, max_seq_len=96,
                           row_budget=64, num_speculative_tokens=4, adaptive=False)
     params = SamplingParams(max_tokens=40)
@@ -46,7 +48,9 @@ def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_mode
                          max_num_seqs=8, max_seq_len=96, row_budget=64)
     shard, _ = build_model_shard(plain.shard_spec(), progress=False)
     reference = Engine(LocalShardGroup(shard), IdsTokenizer(), (), plain).generate(prompts(batch), params)
-    engine = Engine(GrpcShardGroup(config.shard_spec(), in_process_launcher, deadline_s=30), IdsTokenizer(), (), config)
+    group = GrpcShardGroup(config.shard_spec(), in_process_launcher, deadline_s=30, session_socket=carrier == "socket")
+    assert group.session_transports == [carrier]
+    engine = Engine(group, IdsTokenizer(), (), config)
     try:
         emitted = []
         engine.emit = emitted.extend

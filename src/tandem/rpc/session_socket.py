@@ -198,8 +198,10 @@ class SocketSession(Session):
     def _read(self) -> pb.CommandReply:
         try:
             data = self._reader.read()
-        except (EOFError, OSError, ValueError) as e:
-            raise StreamBroken(grpc.StatusCode.UNAVAILABLE, f"the session socket closed ({e})") from None
+        except EOFError:
+            raise StreamBroken(grpc.StatusCode.UNAVAILABLE, "the session socket closed") from None
+        except (OSError, ValueError) as e:
+            raise StreamBroken(grpc.StatusCode.UNAVAILABLE, f"the session socket failed: {e}") from None
         return pb.CommandReply.FromString(data)
 
     def _cancel(self) -> None:
