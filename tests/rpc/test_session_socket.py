@@ -1,7 +1,7 @@
 """The session socket: a rank's Session stream over a Unix socket, for a scheduler on the
-same host. It answers exactly as the gRPC stream does, lets in only a client holding the
-rank's token, ends only the stream a bad frame came on, and a group that cannot reach it
-uses gRPC."""
+same host. It answers exactly as the gRPC stream does, carries frames of megabytes whole,
+lets in only a client holding the rank's token, ends only the stream a bad frame came on,
+and a group that cannot reach it uses gRPC."""
 from __future__ import annotations
 
 import grpc
@@ -81,6 +81,19 @@ def test_a_frame_that_is_no_command_ends_its_own_stream_only(shard_server, tiny_
     assert exchange(healthy, COMMANDS[:1])[0].prefill.next_tokens
     for session in (broken, healthy):
         session.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_command_of_megabytes_crosses_whole_and_is_refused_alone(shard_server, tiny_model_dir):
+    stub, _ = shard_server()
+    init(stub, tiny_model_dir)
+    session = open_socket(stub)
+    huge = pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[pb.PrefillItem(slot=2, tokens=[5] * 1_000_000)]))
+    assert huge.ByteSize() > 1_000_000  # many socket reads and writes for one frame
+    refused, *rest = exchange(session, [huge, *COMMANDS[:2]])
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], refused
+    assert [r.WhichOneof("reply") for r in rest] == ["prefill", "verify"]
+    session.close()
 
 
 @pytest.mark.timeout(120)
