@@ -49,7 +49,7 @@ class Session:
     """One rank's command stream: the replies' deadlines, the failure that ends it. A
     transport subclass carries the messages (_write, _read, _cancel, close)."""
 
-    transport = "none"
+    transport: str  # the carrier's name ("grpc", "socket"), set by the subclass
 
     def __init__(self, rank: int):
         self.rank = rank
