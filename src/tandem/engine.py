@@ -9,6 +9,7 @@ step() waits for that and returns them. A caller that sets `emit` (the scheduler
 lets a group whose acknowledgements come later (gRPC sessions) keep the round trip off
 the tick: the outputs are held, and `emit` gets them from inside the next tick as soon
 as the acknowledgements are read, while that tick's first command runs on the ranks.
+Held outputs are built (their text decoded) only then, off the tick too (due_outputs).
 """
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from tandem.batching import plan_cost
 from tandem.clock import Clock, MonotonicClock
 from tandem.config import EngineConfig
 from tandem.detokenizer import Detokenizer
+from tandem.due_outputs import DueOutput, build_output
 from tandem.drafters.factory import build_drafter
 from tandem.errors import EngineUnavailableError, InvalidRequestError, ShapeError, ShardError
 from tandem.metrics import EngineMetrics
-from tandem.outputs import RequestOutput, Usage
+from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import Scheduler
 from tandem.sequence import FinishReason, Sequence, Status
@@ -83,7 +85,7 @@ class Engine:
         # Called from inside step() (on its thread) with outputs held from the tick before;
         # None: every output comes back from step() (see the module's docstring).
         self.emit: Callable[[list[RequestOutput]], None] | None = None
-        self._held: list[RequestOutput] | None = None  # the last tick's outputs, verdicts unacknowledged
+        self._held: list[DueOutput] | None = None  # the last tick's outputs, verdicts unacknowledged
         group.on_acknowledged = self._acknowledged
 
     # ---- building -----------------------------------------------------------------------
@@ -235,7 +237,7 @@ class Engine:
                     break  # the rest wait for the recovery next tick
             earlier += self._flush_held()
             if self.emit is not None and self.group.owes_acknowledgements():
-                self._held = self._collect()  # released by _acknowledged during the next tick
+                self._held = self._due()  # built and released by _acknowledged during the next tick
                 return earlier
             self._settle()
             return earlier + self._collect()
@@ -253,7 +255,10 @@ class Engine:
                     failed.add(s.request_id)
                 s.finish(FinishReason.ERROR, error=f"verify verdict of batch {batch_id} not acknowledged by every rank")
         if self._held and failed:
-            self._held = [o for o in self._held if o.request_id not in failed]
+            # built, never handed out: the final output's deltas start after them, so no
+            # stream gets a token whose verdict a rank never took
+            self._build([d for d in self._held if d.request_id in failed])
+            self._held = [d for d in self._held if d.request_id not in failed]
         self.ctx.unsettled.clear()
 
     def _acknowledged(self) -> None:
@@ -262,7 +267,7 @@ class Engine:
         self.ctx.unsettled.clear()
         held, self._held = self._held, None
         if held:
-            self.emit(held)
+            self.emit(self._build(held))
 
     def flush(self) -> list[RequestOutput]:
         """Outputs held from the last tick (see emit), once the ranks acknowledged them."""
@@ -276,7 +281,7 @@ class Engine:
             return []
         self._settle()  # may release them through _acknowledged
         held, self._held = self._held or [], None
-        return held
+        return self._build(held)
 
     def _admit(self) -> bool:
         """Prefill the sequences that got a slot; whether there were any."""
@@ -361,13 +366,19 @@ class Engine:
     # ---- outputs ------------------------------------------------------------------------
 
     def _collect(self) -> list[RequestOutput]:
-        outs = []
+        return self._build(self._due())
+
+    def _due(self) -> list[DueOutput]:
+        """The outputs this tick owes (built later by _build); finished requests leave, their
+        slots are released."""
+        dues = []
         with self._submit_lock:
             requests = list(self.requests.items())
         for rid, seq in requests:
-            prev_tokens, _ = self._reported.get(rid, (0, ""))
+            prev_tokens, prev_text = self._reported.get(rid, (0, ""))
             if len(seq.output_ids) != prev_tokens or seq.finished:
-                outs.append(self._output(seq))
+                dues.append(DueOutput.of(seq, prev_tokens, prev_text))
+                self._reported[rid] = (len(seq.output_ids), prev_text)  # the text once built
             if seq.finished:
                 self.metrics.requests_finished.labels(finished_reason=seq.finish_reason.value).inc()
                 if seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
@@ -382,30 +393,14 @@ class Engine:
                 self.group.release(slots)
             except (ShardError, ShapeError) as e:
                 log.error("release of slots %s failed: %s", slots, e)
-        return outs
+        return dues
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        prev_tokens, prev_text = self._reported.get(seq.request_id, (0, ""))
-        text = seq.output_text(self.ctx.detok, stable=True)
-        if seq.params.stop and not seq.finished:
-            text = text[: len(text) - _stop_prefix_len(text, seq.params.stop)]
-        self._reported[seq.request_id] = (len(seq.output_ids), text)
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_ids,
-            text=text,
-            token_ids=list(seq.output_ids),
-            delta_text=text[len(prev_text) :],  # the text only grows (stop prefixes are held back)
-            delta_token_ids=seq.output_ids[prev_tokens:],
-            finished=seq.finished,
-            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            error=seq.error,
-            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids)),
-            num_drafts=seq.stats.num_drafts,
-            num_draft_tokens=seq.stats.num_draft_tokens,
-            num_accepted_tokens=seq.stats.num_accepted_tokens,
-        )
+    def _build(self, dues: list[DueOutput]) -> list[RequestOutput]:
+        outs = [build_output(d, self.ctx.detok) for d in dues]
+        for d, out in zip(dues, outs):
+            if self._reported.get(d.request_id, (None,))[0] == d.tokens:
+                self._reported[d.request_id] = (d.tokens, out.text)
+        return outs
 
     # ---- conveniences -------------------------------------------------------------------
 
@@ -448,14 +443,3 @@ class Engine:
     def close(self) -> None:
         self.group.close()
 
-
-def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters of text could begin a stop string: they are held
-    back from a stream until the next tokens show whether the stop string follows."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best

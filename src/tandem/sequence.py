@@ -87,9 +87,11 @@ class Sequence:
         by_context = self.max_seq_len - (len(self.prompt_ids) + len(self.output_ids))
         return max(0, min(by_tokens, by_context))
 
-    def output_text(self, detok: Detokenizer, stable: bool = False) -> str:
-        out, ids = self._text, self.output_ids
-        text = out.stable(detok, ids) if stable and not self.finished else out.whole(detok, ids)
+    def output_text(self, detok: Detokenizer, stable: bool = False, upto: int | None = None) -> str:
+        """The text of the first `upto` output tokens (all by default); stable: without a
+        trailing partial character (what a running sequence reports)."""
+        out, ids = self._text, self.output_ids if upto is None else self.output_ids[:upto]
+        text = out.stable(detok, ids) if stable else out.whole(detok, ids)
         return text[: self.stop_cut] if self.stop_cut is not None else text
 
     @property

@@ -86,7 +86,7 @@ def test_emit_ignores_eos_when_asked():
 
 
 def test_a_stream_holds_back_text_that_may_begin_a_stop_string():
-    from tandem.engine import _stop_prefix_len
+    from tandem.due_outputs import stop_prefix_len as _stop_prefix_len
 
     assert _stop_prefix_len("hello wor", ("world!",)) == 3
     assert _stop_prefix_len("hello", ("world!",)) == 0

@@ -1,8 +1,9 @@
 """An engine with `emit` set (as the scheduler actor runs it) over real gRPC: a tick's
 outputs are held until the ranks acknowledge its verdicts, and leave through `emit` from
 inside the next tick's first command, while that command runs on the rank. What that
-must keep: every token in order, the text the embedded engine makes, and no token of a
-tick whose verdict a rank never took handed out as a success."""
+must keep: every token in order, the text the embedded engine makes (stop strings and
+aborts included, the held outputs being built only then), and no token of a tick whose
+verdict a rank never took handed out as a success."""
 from __future__ import annotations
 
 import pytest
@@ -140,3 +141,64 @@ def test_an_emit_that_raises_does_not_put_the_streams_out_of_step(default_model,
     finally:
         engine.group.close()
     assert len(seen) > 2 and seen[-1].finished and seen[-1].token_ids == reference.token_ids
+
+
+@pytest.mark.timeout(300)
+def test_held_outputs_are_built_while_the_next_command_runs_and_keep_stop_strings_and_aborts(
+        default_model, in_process_launcher, monkeypatch):
+    import tandem.engine as engine_module
+
+    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
+    plain = [SamplingParams(max_tokens=n) for n in (24, 20, 16)]
+    reference = Engine.from_config(config, progress=False).generate(PROMPTS, plain)
+    stop = reference[0].text[len(reference[0].text) // 2:][:6]  # cut the first request half way
+    assert stop.strip(), reference[0].text
+    params = [SamplingParams(max_tokens=24, stop=[stop]), plain[1], plain[2]]
+    expected = Engine.from_config(config, progress=False).generate(PROMPTS, params)
+    assert expected[0].finish_reason == "stop" and len(expected[0].text) < len(reference[0].text)
+
+    engine = grpc_engine(default_model, in_process_launcher, config)
+    built_while_waiting = []
+    build = engine_module.build_output
+    busy = [False]
+
+    def noting_build(due, detok):
+        built_while_waiting.append(busy[0])
+        return build(due, detok)
+
+    monkeypatch.setattr(engine_module, "build_output", noting_build)
+    verify = engine.group.verify
+
+    def waiting(cmd):
+        busy[0] = True
+        try:
+            return verify(cmd)
+        finally:
+            busy[0] = False
+
+    engine.group.verify = waiting
+    timeline = []
+    engine.emit = timeline.extend
+    try:
+        ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params)]
+        for _ in range(4):
+            timeline.extend(engine.step())
+        assert engine._held, "a tick's outputs are held, not built yet"
+        engine.abort(ids[2])  # between ticks, while its last outputs are held
+        while engine.has_unfinished():
+            timeline.extend(engine.step())
+    finally:
+        engine.group.close()
+    assert sum(built_while_waiting) > len(built_while_waiting) / 2, "most outputs were built while a verify ran"
+    outs = by_request(timeline)
+    for rid, ref in zip(ids[:2], expected):
+        got = outs[rid]
+        assert [t for o in got for t in o.delta_token_ids] == got[-1].token_ids == ref.token_ids
+        assert "".join(o.delta_text for o in got) == got[-1].text == ref.text
+        assert got[-1].finish_reason == ref.finish_reason
+    aborted = outs[ids[2]]
+    assert aborted[-1].finished and aborted[-1].finish_reason == "abort"
+    assert [o.finished for o in aborted].count(True) == 1
+    assert [t for o in aborted for t in o.delta_token_ids] == aborted[-1].token_ids
+    assert "".join(o.delta_text for o in aborted) == aborted[-1].text
+    assert aborted[-1].token_ids == expected[2].token_ids[: len(aborted[-1].token_ids)]
