@@ -56,6 +56,8 @@ class IncrementalText:
 
     def stable(self, detok: Detokenizer, tokens: list[int]) -> str:
         """The text so far without a trailing partial character."""
+        if len(tokens) < self.read:  # a point before what is decoded: decode it whole, change nothing
+            return detok.text(tokens).rstrip(_PARTIAL)
         if self.read == len(tokens):
             return self.text
         tail = self._tail(detok, tokens)
@@ -67,6 +69,8 @@ class IncrementalText:
 
     def whole(self, detok: Detokenizer, tokens: list[int]) -> str:
         """The text so far, a trailing partial character included (as a final output has it)."""
+        if len(tokens) < self.read:
+            return detok.text(tokens)
         text = self.stable(detok, tokens)
         return text if self.read == len(tokens) else self.text + self._tail(detok, tokens)
 

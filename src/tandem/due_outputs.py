@@ -9,8 +9,8 @@ between the verify's reply and that command.
 
 A DueOutput keeps everything that may change after its tick (the token count, the
 finish, the counters); the text is decoded from the sequence's first `tokens` ids. Its
-sequence gets no new tokens before it is built: the build comes before the next verify's
-reply is read.
+sequence gets no new tokens before it is built (the build comes before the next verify's
+reply is read); were it built later, those ids would be decoded whole (IncrementalText).
 """
 from __future__ import annotations
 

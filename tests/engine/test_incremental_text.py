@@ -73,3 +73,13 @@ def test_the_backend_decode_is_the_tokenizers_own_without_clean_up(detok, defaul
         ids = [rng.randrange(len(tok)) for _ in range(rng.randint(0, 40))] + rng.sample(specials, min(2, len(specials)))
         rng.shuffle(ids)
         assert detok.text(ids) == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def test_a_point_before_what_is_decoded_is_decoded_whole_and_changes_nothing(detok, default_model):
+    tokens = default_model.tokenizer("ok 🦩 and more text after it", add_special_tokens=False)["input_ids"]
+    inc = IncrementalText()
+    full = inc.stable(detok, tokens)
+    for n in range(len(tokens)):
+        assert inc.stable(detok, tokens[:n]) == detok.text(tokens[:n]).rstrip("\ufffd")
+        assert inc.whole(detok, tokens[:n]) == detok.text(tokens[:n])
+    assert inc.stable(detok, tokens) == full == detok.text(tokens)
