@@ -156,6 +156,8 @@ class SessionSocketServer:
                     write_frame(conn, reply.SerializeToString())
         except (EOFError, OSError, ValueError):
             pass  # the client went away (or sent garbage): its commands end with it
+        except Exception:  # noqa: BLE001 - the stream ends (the client sees it closed); say why here
+            log.exception("session socket: the stream failed")
         finally:
             with self._lock:
                 self._connections.discard(conn)
