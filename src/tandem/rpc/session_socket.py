@@ -96,16 +96,14 @@ class SessionSocketServer:
         self._closed = False
         self._listener: socket.socket | None = None
         name = f"tandem-shard-{os.getpid()}-{secrets.token_hex(8)}"
+        listener = None
         try:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        except (AttributeError, OSError) as e:  # no Unix sockets here
-            log.info("no session socket (%s): the scheduler uses gRPC", e)
-            return
-        try:
             listener.bind("\0" + name)  # abstract (Linux only)
             listener.listen(16)
-        except OSError as e:
-            listener.close()
+        except (AttributeError, OSError) as e:  # no Unix sockets, or no abstract names, here
+            if listener is not None:
+                listener.close()
             log.info("no session socket (%s): the scheduler uses gRPC", e)
             return
         self._listener, self.name = listener, name
