@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import pickle
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -27,7 +28,7 @@ from tandem.actors import output_channel
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
 from tandem.actors.wire import as_received, from_wire, merge
 from tandem.config import EngineConfig
-from tandem.errors import TandemError
+from tandem.errors import InvalidRequestError, TandemError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 
@@ -234,9 +235,23 @@ class _Multiplexer:
             async with _tandem_errors_async():
                 return await self.actor.submit_many.remote(requests, self.subscriber)
         batch = next(self._batches)
+        data = output_channel.frame(output_channel.SUBMIT, (batch, requests))  # may not pickle: before the reply
         reply = self._replies[batch] = asyncio.get_running_loop().create_future()
-        writer.write(output_channel.frame(output_channel.SUBMIT, (batch, requests)))
+        writer.write(data)
         return await reply
+
+    async def _submit_each_alone_if_unpicklable(self, requests: list[tuple]) -> list:
+        """_submit_batch, except that a request that does not pickle fails alone, with an
+        error naming its field, instead of failing every request it came with."""
+        try:
+            return await self._submit_batch(requests)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            bad = {i: e for i, r in enumerate(requests) if (e := _unpicklable(r)) is not None}
+            if not bad:
+                raise
+        kept = iter(await self._submit_batch([r for i, r in enumerate(requests) if i not in bad])
+                    if len(bad) < len(requests) else ())
+        return [bad[i] if i in bad else next(kept) for i in range(len(requests))]
 
     async def stream(self, prompt, params: SamplingParams, rid: str, messages,
                      deltas_only: bool) -> AsyncIterator[RequestOutput]:
@@ -281,7 +296,7 @@ class _Multiplexer:
                 if not batch:
                     continue
                 try:
-                    errors = await self._submit_batch([r for r, _ in batch])
+                    errors = await self._submit_each_alone_if_unpicklable([r for r, _ in batch])
                 except Exception as e:  # noqa: BLE001 - the call failed: each of its requests learns
                     errors = [e] * len(batch)
                 for (_, done), error in zip(batch, errors):
@@ -455,3 +470,16 @@ class TandemHandle:
             ray.get(self.actor.shutdown.remote(), timeout=60)
         finally:
             ray.kill(self.actor)
+
+
+_REQUEST_FIELDS = ("prompt", "params", "request_id", "messages")  # a submitted request's tuple
+
+
+def _unpicklable(request: tuple) -> InvalidRequestError | None:
+    """The error for a request whose field cannot cross to the engine, or None."""
+    for name, value in zip(_REQUEST_FIELDS, request):
+        try:
+            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - whatever pickling raises, the field is the cause
+            return InvalidRequestError(name, f"cannot be sent to the engine ({type(e).__name__}: {e})")
+    return None
