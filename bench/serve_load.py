@@ -128,7 +128,7 @@ def with_actor_ticks(handle, run):
     return result
 
 
-def grpc_engine(engine_cfg: dict, threads: int, session_socket: bool):
+def grpc_engine(engine_cfg: dict, threads: int, session_socket: bool, spin_us: int | None):
     """The same engine over one local shard process: the served path's control path,
     without Ray."""
     from tandem.config import EngineConfig
@@ -139,7 +139,8 @@ def grpc_engine(engine_cfg: dict, threads: int, session_socket: bool):
 
     config = EngineConfig(**engine_cfg)
     tok = load_tokenizer(config.model, progress=False)
-    group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(1, threads_per_rank=threads), session_socket=session_socket)
+    group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(1, threads_per_rank=threads), session_socket=session_socket,
+                           session_spin_us=spin_us)
     return Engine(group, tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
 
 
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the engine over one shard process, without Ray (where the served path's time goes)")
     ap.add_argument("--no-session-socket", dest="session_socket", action="store_false",
                     help="the tick's commands to the shard process(es) over gRPC, not their session sockets")
+    ap.add_argument("--session-spin-us", type=int, default=None,
+                    help="busy-poll of the session sockets (default: the product's, 20000 where there are 8 cores or more)")
     ap.add_argument("--through-proxy", action="store_true",
                     help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
     ap.add_argument("--repeats", type=int, default=2,
@@ -265,14 +268,14 @@ def main(argv: list[str] | None = None) -> int:
         **engine_cfg, "tensor_parallel_size": args.shards, "max_tokens_limit": max(1024, args.max_tokens),
         "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
         "engine_actor_name": "tandem-bench", "shard_num_gpus": 1.0 if gpu else 0.0, "served_model_name": args.model,
-        "session_socket": args.session_socket,
+        "session_socket": args.session_socket, "session_spin_us": args.session_spin_us,
     }), name="tandem", route_prefix="/", blocking=False)
     from tandem.actors import connect
 
     handle = connect("tandem-bench")
     torch.set_num_threads(args.threads)
     engine = Engine.from_config(progress=False, **engine_cfg)
-    over_grpc = grpc_engine(engine_cfg, args.threads, args.session_socket) if args.grpc else None
+    over_grpc = grpc_engine(engine_cfg, args.threads, args.session_socket, args.session_spin_us) if args.grpc else None
     # All stay up; the runs alternate (embedded, handle, served, embedded, ...) so that a
     # change in the machine's load hits all alike.
     sides = {
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "device": device,
                       "in_process_target": args.in_process_target, "through_proxy": args.through_proxy,
-                      "session_socket": args.session_socket,
+                      "session_socket": args.session_socket, "session_spin_us": args.session_spin_us,
                       "concurrency": result}))
     return 0
 

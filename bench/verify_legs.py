@@ -1,10 +1,11 @@
 """Where a verify to a shard process spends its time: the two legs of the round trip and
-the shard's own work, against the same verify in process; the Session stream over gRPC
-and over the rank's session socket.
+the shard's own work, against the same verify in process; the Session stream over gRPC,
+over the rank's session socket (blocking reads), and over it with both sides busy-polling
+(`polling`, 20 ms: session_spin_us).
 
     python bench/verify_legs.py [--model smollm2 | tiny-random | a folder or GGUF]
                                 [--concurrency 1 16] [--runs 3] [--pin 2,3[/4,5]]
-                                [--carriers grpc socket]
+                                [--carriers grpc socket polling]
 
 serve_load's greedy requests (32 tokens each, C at once) run on the embedded engine and
 on the engine over one shard process per carrier (no Ray), taking turns. A shard process
@@ -39,6 +40,8 @@ from serve_load import TINY, run_embedded
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MAX_TOKENS = 32
+# carrier -> (GrpcShardGroup's session_socket, its session_spin_us), and the transport it gives
+CARRIERS = {"grpc": (False, 0, "grpc"), "socket": (True, 0, "socket"), "polling": (True, 20_000, "socket")}
 
 
 # ---- the shard worker ----------------------------------------------------------------------
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per side and concurrency")
     ap.add_argument("--pin", default=None, metavar="CORES[/CORES]",
                     help="pin the scheduler's threads to these cores and the shard's to the second set (default: the same)")
-    ap.add_argument("--carriers", nargs="+", choices=["grpc", "socket"], default=["grpc", "socket"],
+    ap.add_argument("--carriers", nargs="+", choices=list(CARRIERS), default=list(CARRIERS),
                     help="the shard processes' Session carriers to compare with the embedded engine")
     ap.add_argument("--shard-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -161,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     for carrier in args.carriers:
         say(f"starting the shard process ({carrier})")
         launchers[carrier] = WorkerLauncher()
-        group = GrpcShardGroup(config.shard_spec(), launchers[carrier], session_socket=carrier == "socket")
-        assert group.session_transports == [carrier], group.session_transports
+        use_socket, spin_us, transport = CARRIERS[carrier]
+        group = GrpcShardGroup(config.shard_spec(), launchers[carrier], session_socket=use_socket,
+                               session_spin_us=spin_us)
+        assert group.session_transports == [transport], group.session_transports
         sides[carrier] = Engine(group, tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
     if args.pin:
         mine, _, theirs = args.pin.partition("/")

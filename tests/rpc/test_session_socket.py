@@ -1,8 +1,13 @@
 """The session socket: a rank's Session stream over a Unix socket, for a scheduler on the
 same host. It answers exactly as the gRPC stream does, carries frames of megabytes whole,
 lets in only a client holding the rank's token, ends only the stream a bad frame came on,
-and a group that cannot reach it uses gRPC."""
+and a group that cannot reach it uses gRPC. Busy-polling changes none of that: a frame
+that comes after the spin ran out is still read, a closed stream still ends the read."""
 from __future__ import annotations
+
+import socket
+import threading
+import time
 
 import grpc
 import pytest
@@ -13,7 +18,7 @@ from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.server import start_shard_server
 from tandem.rpc.session import StreamBroken
-from tandem.rpc.session_socket import SocketSession, write_frame
+from tandem.rpc.session_socket import FrameReader, SocketSession, write_frame
 
 COMMANDS = [
     pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[pb.PrefillItem(slot=0, tokens=[1, 2, 3]),
@@ -26,10 +31,11 @@ COMMANDS = [
 ]
 
 
-def open_socket(stub, rank: int = 0, token: bytes | None = None) -> SocketSession:
+def open_socket(stub, rank: int = 0, token: bytes | None = None, spin_us: int = 0) -> SocketSession:
     health = stub.Health(pb.Empty(), timeout=10)
     assert health.session_socket, "an in-process server on this host offers a session socket"
-    return SocketSession.connect(health.session_socket, health.session_token if token is None else token, rank, 10)
+    return SocketSession.connect(health.session_socket, health.session_token if token is None else token, rank, 10,
+                                 spin_us)
 
 
 def exchange(session: SocketSession, commands: list[pb.Command]) -> list[pb.CommandReply]:
@@ -44,13 +50,14 @@ def exchange(session: SocketSession, commands: list[pb.Command]) -> list[pb.Comm
 
 
 @pytest.mark.timeout(120)
-def test_the_socket_answers_every_command_as_the_grpc_stream_does(shard_server, tiny_model_dir):
+@pytest.mark.parametrize("spin_us", [0, 20_000], ids=["blocking", "polling"])
+def test_the_socket_answers_every_command_as_the_grpc_stream_does(shard_server, tiny_model_dir, spin_us):
     over_grpc, _ = shard_server()
     over_socket, _ = shard_server()
     for stub in (over_grpc, over_socket):
         init(stub, tiny_model_dir)
     expected = list(over_grpc.Session(iter(COMMANDS), timeout=30))
-    session = open_socket(over_socket)
+    session = open_socket(over_socket, spin_us=spin_us)
     got = exchange(session, COMMANDS)
     session.close()
     assert [r.WhichOneof("reply") for r in expected] == ["prefill", "verify", "done", "verify", None, "done"]
@@ -64,6 +71,9 @@ def test_a_client_without_the_token_is_turned_away_and_the_rank_keeps_serving(sh
     init(stub, tiny_model_dir)
     with pytest.raises(EOFError):
         open_socket(stub, token=b"not the token")
+    health = stub.Health(pb.Empty(), timeout=10)
+    with pytest.raises(EOFError):  # the token with trailing bytes that are no spin
+        SocketSession.connect(health.session_socket, health.session_token + b"xyz", 0, 10)
     session = open_socket(stub)
     assert exchange(session, COMMANDS[:1])[0].prefill.next_tokens
     session.close()
@@ -110,6 +120,35 @@ def test_a_stopped_rank_ends_a_waiting_read_instead_of_leaving_it_waiting(tiny_m
     session.close()
 
 
+def _pair(spin_s: float) -> tuple[FrameReader, socket.socket]:
+    mine, theirs = socket.socketpair()
+    return FrameReader(mine, spin_s), theirs
+
+
+@pytest.mark.parametrize("late_s", [0.005, 0.2], ids=["while-polling", "after-the-spin"])
+def test_a_polling_reader_gets_a_frame_sent_while_it_polls_or_after_its_spin_ran_out(late_s):
+    reader, peer = _pair(spin_s=0.05)
+    sender = threading.Timer(late_s, write_frame, (peer, b"x" * 100_000))
+    started = time.perf_counter()
+    sender.start()
+    assert reader.read() == b"x" * 100_000
+    assert time.perf_counter() - started >= late_s
+    sender.join()
+    peer.close()
+    with pytest.raises(EOFError):  # the peer gone: the end of the stream, polling or not
+        reader.read()
+    reader.sock.close()
+
+
+def test_a_stream_shut_down_while_the_reader_polls_ends_the_read():
+    reader, peer = _pair(spin_s=10.0)
+    threading.Timer(0.05, reader.sock.shutdown, (socket.SHUT_RDWR,)).start()  # the watchdog's cancel
+    with pytest.raises(EOFError):
+        reader.read()
+    peer.close()
+    reader.sock.close()
+
+
 class _SocketGoneLauncher(InProcessLauncher):
     """A rank whose Health names a session socket this process cannot reach."""
 
@@ -132,3 +171,14 @@ def test_a_group_that_cannot_reach_the_socket_uses_grpc(tiny_model_dir):
         assert group.prefill([PrefillItem(0, [1, 2, 3])]).next_tokens
     finally:
         group.close()
+
+
+def test_busy_polling_is_on_by_default_only_where_there_are_cores_to_spare(monkeypatch):
+    import os
+
+    from tandem.rpc.session_socket import default_spin_us
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)), raising=False)
+    assert default_spin_us() == 0
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert default_spin_us() == 20_000

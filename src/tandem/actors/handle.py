@@ -51,6 +51,7 @@ def start(
     fault_injection: bool = False,
     in_process_target: bool = False,
     session_socket: bool = True,
+    session_spin_us: int | None = None,
     ready_timeout_s: float = 600.0,
     **engine_options,
 ) -> "TandemHandle":
@@ -64,7 +65,10 @@ def start(
     gRPC, no recovery; the actor then reserves shard_num_gpus itself): the control path
     without a process hop, for a single rank whose loss may take the engine with it.
     session_socket=False sends the tick's commands over gRPC even to shard actors on the
-    scheduler's node (by default they go over each rank's Unix session socket there)."""
+    scheduler's node (by default they go over each rank's Unix session socket there).
+    session_spin_us: how long the scheduler and each such rank busy-poll that socket for
+    the next message before they block (None: 20 ms where the host has 8 cores or more,
+    else 0); it takes ~0.07 ms off every tick for a core kept busy while requests run."""
     import ray
 
     config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)
@@ -80,6 +84,7 @@ def start(
         fault_injection=fault_injection,
         in_process_target=in_process_target,
         session_socket=session_socket,
+        session_spin_us=session_spin_us,
     )
     options = {"num_cpus": scheduler_num_cpus, "max_concurrency": 4096, "max_restarts": 0}
     if in_process_target and shard_num_gpus:

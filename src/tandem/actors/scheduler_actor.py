@@ -50,6 +50,7 @@ class SchedulerSettings:
     fault_injection: bool = False  # let tests make a rank fail on purpose
     in_process_target: bool = False  # one rank inside this actor (LocalShardGroup), no shard actors
     session_socket: bool = True  # the tick's commands to ranks on this host over their session socket
+    session_spin_us: int | None = None  # busy-poll of those sockets; None: where there are cores to spare
 
 
 class SchedulerActor:
@@ -98,7 +99,8 @@ class SchedulerActor:
             fault_injection=s.fault_injection,
         )
         group = GrpcShardGroup(s.engine.shard_spec(), launcher, deadline_s=s.rpc_deadline_s,
-                               init_deadline_s=s.init_deadline_s, session_socket=s.session_socket)
+                               init_deadline_s=s.init_deadline_s, session_socket=s.session_socket,
+                               session_spin_us=s.session_spin_us)
         tok = load_tokenizer(s.engine.model, progress=False)
         engine = Engine(group, tok.tokenizer, tok.eos_token_ids, s.engine, model_name=tok.name)
         return engine, launcher

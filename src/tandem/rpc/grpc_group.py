@@ -58,7 +58,7 @@ from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.launcher import ShardLauncher
 from tandem.rpc.limits import CHANNEL_OPTIONS
 from tandem.rpc.session import GrpcSession, Session, Watchdog
-from tandem.rpc.session_socket import SocketSession
+from tandem.rpc.session_socket import SocketSession, default_spin_us
 from tandem.shard.commands import (
     PrefillItem,
     PrefillResult,
@@ -117,10 +117,13 @@ class GrpcShardGroup:
         failed_verdict_deadline_s: float | None = None,
         sessions: bool = True,
         session_socket: bool = True,
+        session_spin_us: int | None = None,
     ):
         self.spec = spec
         self.use_sessions = sessions  # False: the tick's commands as unary calls (the bench's comparison)
         self.use_session_socket = session_socket  # False: the Session stream over gRPC even on this host
+        # how long a socket session busy-polls before it blocks (None: where there are cores to spare)
+        self.session_spin_us = default_spin_us() if session_spin_us is None else session_spin_us
         self.launcher = launcher
         self.deadline_s = deadline_s
         self.init_deadline_s = init_deadline_s
@@ -289,7 +292,8 @@ class GrpcShardGroup:
         """Over the rank's session socket where it is reachable from here, else over gRPC."""
         if self.use_session_socket and health.session_socket:
             try:
-                return SocketSession.connect(health.session_socket, health.session_token, rank, self.deadline_s)
+                return SocketSession.connect(health.session_socket, health.session_token, rank, self.deadline_s,
+                                             self.session_spin_us)
             except (OSError, EOFError) as e:  # another host or network namespace
                 log.info("rank %d: session over gRPC (its socket cannot be reached from here: %s)", rank, e)
         return GrpcSession(self._stubs[rank], rank)

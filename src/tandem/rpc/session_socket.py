@@ -4,8 +4,9 @@ Why: on the gRPC stream each message passes through several Python threads on bo
 sides (the request iterator's consumer, the completion queue's poller, the handler), and
 each wake-up costs 0.05-0.15 ms. On the H200 host a round trip took 0.55-0.73 ms while
 the rank worked 2-3.5 ms between messages, against 0.09-0.10 ms over a Unix socket read
-by the waiting thread itself (`python bench/session_transport.py`). One round trip a
-tick is most of what a shard process costs against an in-process rank.
+by the waiting thread itself (bench/README.md, session 15; the socket's side is
+`python bench/session_transport.py`). One round trip a tick is most of what a shard
+process costs against an in-process rank.
 
 The messages are the same protobuf Command and CommandReply as on the gRPC stream, and
 the rank runs them through the same code (ShardServicer._session_replies); only the
@@ -18,7 +19,17 @@ reach it. Its first frame must carry the token the rank gave in its gRPC Health 
 so only a client of the gRPC server can use it. Where no such socket can be made or
 reached (another host, another OS), the Session goes over gRPC.
 
-Frames: a 4-byte little-endian length, then the message.
+Frames: a 4-byte little-endian length, then the message. The client's first frame is
+the token, then (optional) how many microseconds each side busy-polls before it blocks.
+
+Busy-polling: a blocked read costs a wake-up on each side of every message (a round
+trip of 0.09 ms blocked against 0.02 ms with both sides polling on the H200 host, 0.16
+against 0.04 on a 2-core box: `python bench/session_transport.py`). A busy GPU server
+keeps a core per process for that (vLLM's workers and engine core poll their queues
+too); a small machine cannot, so it is on only where there are cores to spare
+(default_spin_us). The scheduler polls for a
+reply while the rank computes, the rank for the next command while the scheduler works;
+each falls back to a blocking read once its spin runs out, so an idle server sleeps.
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from typing import Callable, Iterable
 
 import grpc
@@ -42,13 +54,30 @@ log = logging.getLogger("tandem.rpc.session_socket")
 _HEADER = struct.Struct("<I")
 _BUFFER_BYTES = 4 * 1024 * 1024  # socket buffers: a long prompt's prefill fits without a stall
 _HANDSHAKE_S = 10.0  # how long a connecting client may take to send its token
+_TOKEN_BYTES = 16
+_SPIN = struct.Struct("<I")  # after the token: the busy-poll in microseconds
+_MAX_SPIN_US = 1_000_000
+_SPARE_CORES_TO_SPIN = 8  # a host with fewer cores does not busy-poll by default
+_DEFAULT_SPIN_US = 20_000  # longer than a tick's forward: the reply is polled for, not slept on
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)  # 0: no non-blocking recv here, so no polling
+
+
+def default_spin_us() -> int:
+    """How long the session busy-polls by default: a tick's worth where this process may
+    use at least _SPARE_CORES_TO_SPIN cores, else not at all."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return _DEFAULT_SPIN_US if cores >= _SPARE_CORES_TO_SPIN and _DONTWAIT else 0
 
 
 class FrameReader:
     """Whole frames from a stream socket, most with one recv each."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, spin_s: float = 0.0):
         self.sock = sock
+        self.spin_s = spin_s  # busy-poll this long for data before a blocking read
         self._buf = bytearray()
 
     def read(self) -> bytes:
@@ -65,10 +94,22 @@ class FrameReader:
 
     def _fill(self, n: int) -> None:
         while len(self._buf) < n:
-            data = self.sock.recv(max(65536, n - len(self._buf)))
+            data = self._recv(max(65536, n - len(self._buf)))
             if not data:
                 raise EOFError("the session socket closed")
             self._buf += data
+
+    def _recv(self, size: int) -> bytes:
+        # a socket with a timeout waits in poll() before any recv: polling applies to blocking ones
+        if self.spin_s > 0 and _DONTWAIT and self.sock.gettimeout() is None:
+            give_up = time.perf_counter() + self.spin_s
+            while True:
+                try:
+                    return self.sock.recv(size, _DONTWAIT)
+                except BlockingIOError:
+                    if time.perf_counter() > give_up:
+                        break
+        return self.sock.recv(size)
 
 
 def write_frame(sock: socket.socket, data: bytes) -> None:
@@ -138,9 +179,13 @@ class SessionSocketServer:
             _tune(conn)
             reader = FrameReader(conn)
             conn.settimeout(_HANDSHAKE_S)
-            if not hmac.compare_digest(reader.read(), self.token):
+            hello = reader.read()
+            if len(hello) not in (_TOKEN_BYTES, _TOKEN_BYTES + _SPIN.size) or not hmac.compare_digest(
+                    hello[:_TOKEN_BYTES], self.token):
                 log.warning("session socket: a client without the right token was turned away")
                 return
+            if len(hello) > _TOKEN_BYTES:
+                reader.spin_s = min(_SPIN.unpack_from(hello, _TOKEN_BYTES)[0], _MAX_SPIN_US) / 1e6
             conn.settimeout(None)
             write_frame(conn, b"")  # accepted
             while True:
@@ -173,17 +218,20 @@ class SocketSession(Session):
         self._sock, self._reader = sock, reader
 
     @classmethod
-    def connect(cls, name: str, token: bytes, rank: int, timeout: float) -> SocketSession:
-        """Connect and hand over the token; OSError (or EOFError: refused) if that fails."""
+    def connect(cls, name: str, token: bytes, rank: int, timeout: float, spin_us: int = 0) -> SocketSession:
+        """Connect and hand over the token; OSError (or EOFError: refused) if that fails.
+        spin_us: how long both sides busy-poll for a message before they block."""
+        spin_us = max(0, min(spin_us, _MAX_SPIN_US))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
             sock.connect("\0" + name)
             _tune(sock)
-            write_frame(sock, token)
+            write_frame(sock, token + _SPIN.pack(spin_us))
             reader = FrameReader(sock)
             reader.read()  # the rank's acceptance
             sock.settimeout(None)
+            reader.spin_s = spin_us / 1e6
         except BaseException:
             sock.close()
             raise

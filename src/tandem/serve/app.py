@@ -38,6 +38,7 @@ class OpenAIIngress:
             rpc_deadline_s=a.rpc_deadline_s,
             in_process_target=a.in_process_target,
             session_socket=a.session_socket,
+            session_spin_us=a.session_spin_us,
             name=a.engine_actor_name,
             namespace=ENGINE_NAMESPACE,
             draft_model=a.draft_model,

@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help=fields["dtype"].description)
     p.add_argument("--in-process-target", action="store_true", help=fields["in_process_target"].description)
     p.add_argument("--no-session-socket", dest="session_socket", action="store_false", help=fields["session_socket"].description)
+    p.add_argument("--session-spin-us", type=int, default=None, metavar="US", help=fields["session_spin_us"].description)
     p.add_argument("--gpus-per-shard", type=float, default=None, help="GPUs per shard actor (default: 1 when this machine has a GPU, else 0).")
     p.add_argument("--host", default="127.0.0.1", help="Address the HTTP server binds (0.0.0.0 to listen on all interfaces).")
     p.add_argument("--port", type=int, default=8000, help="HTTP port.")
@@ -70,6 +71,7 @@ def serve_args(args: argparse.Namespace) -> TandemServeArgs:
         shard_num_gpus=gpus,
         in_process_target=args.in_process_target,
         session_socket=args.session_socket,
+        session_spin_us=args.session_spin_us,
     )
 
 
