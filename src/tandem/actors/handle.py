@@ -17,8 +17,11 @@ returns (or ends its stream with) an output whose finish_reason is "error".
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import math
 import pickle
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -156,7 +159,9 @@ class _Multiplexer:
     Submissions coalesce: a request goes at once when no submission is on its way, else
     with every request that arrived meanwhile in one submission when the one on its way
     returns. A burst of 64 then costs the actor a few calls instead of 64 queued one
-    after another, and a lone request waits for nothing."""
+    after another, and a lone request waits for nothing. Over the socket, what has waited
+    _SEND_AFTER_S goes at once even so: while the event loop takes a burst in (~0.15 ms a
+    request: 64 in ~10 ms), the engine prefills the first ones instead of waiting for all."""
 
     def __init__(self, actor, direct: bool = True):
         self.actor = actor
@@ -170,6 +175,7 @@ class _Multiplexer:
         self._writer: asyncio.StreamWriter | None = None  # the socket, while the subscription is one
         self._batches = itertools.count()
         self._replies: dict[int, asyncio.Future] = {}  # batch number -> its SUBMITTED reply
+        self._waiting_since = 0.0  # perf_counter when the oldest request in _to_submit came
 
     @property
     def over_socket(self) -> bool:
@@ -239,11 +245,16 @@ class _Multiplexer:
         if writer is None:
             async with _tandem_errors_async():
                 return await self.actor.submit_many.remote(requests, self.subscriber)
+        return await self._write_submission(requests)
+
+    def _write_submission(self, requests: list[tuple]) -> asyncio.Future:
+        """Send a submission over the socket now; the future of its SUBMITTED reply.
+        Raises (and sends nothing) when a request does not pickle."""
         batch = next(self._batches)
-        data = output_channel.frame(output_channel.SUBMIT, (batch, requests))  # may not pickle: before the reply
+        data = output_channel.frame(output_channel.SUBMIT, (batch, requests))
         reply = self._replies[batch] = asyncio.get_running_loop().create_future()
-        writer.write(data)
-        return await reply
+        self._writer.write(data)
+        return reply
 
     async def _submit_each_alone_if_unpicklable(self, requests: list[tuple]) -> list:
         """_submit_batch, except that a request that does not pickle fails alone, with an
@@ -283,14 +294,31 @@ class _Multiplexer:
 
     async def _submit(self, request: tuple) -> None:
         """Submit one request (coalesced with others, see the class); raise what it failed with."""
-        done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if not self._to_submit:
+            self._waiting_since = time.perf_counter()
         self._to_submit.append((request, done))
         if not self._submitting:
             self._submitting = True
-            asyncio.get_running_loop().create_task(self._send_submissions())
+            loop.create_task(self._send_submissions())
+        elif self._writer is not None and time.perf_counter() - self._waiting_since >= _SEND_AFTER_S:
+            self._send_waiting_now()
         error = await done
         if error is not None:
             raise error
+
+    def _send_waiting_now(self) -> None:
+        """Send what waits behind the submission on its way, without waiting for its reply
+        (over the socket: SUBMIT frames need no turn, their replies say which they answer)."""
+        batch = [(r, d) for r, d in self._to_submit if not d.cancelled()]
+        try:
+            reply = self._write_submission([r for r, _ in batch])
+        except (pickle.PicklingError, TypeError, AttributeError):
+            self._waiting_since = math.inf  # left to the coalescing loop, which finds the one that does not pickle
+            return
+        self._to_submit = []
+        reply.add_done_callback(functools.partial(_settle_from_reply, batch))
 
     async def _send_submissions(self) -> None:
         try:
@@ -304,11 +332,28 @@ class _Multiplexer:
                     errors = await self._submit_each_alone_if_unpicklable([r for r, _ in batch])
                 except Exception as e:  # noqa: BLE001 - the call failed: each of its requests learns
                     errors = [e] * len(batch)
-                for (_, done), error in zip(batch, errors):
-                    if not done.done():
-                        done.set_result(error)
+                _settle(batch, errors)
         finally:
             self._submitting = False
+
+
+_SEND_AFTER_S = 0.001  # the longest a request waits behind a submission on its way (socket)
+
+
+def _settle(batch: list[tuple[tuple, asyncio.Future]], errors: list) -> None:
+    """Each submitted request learns what it failed with (None: the engine took it)."""
+    for (_, done), error in zip(batch, errors):
+        if not done.done():
+            done.set_result(error)
+
+
+def _settle_from_reply(batch: list[tuple[tuple, asyncio.Future]], reply: asyncio.Future) -> None:
+    if reply.cancelled():
+        _settle(batch, [ConnectionError("the submission was cancelled")] * len(batch))
+    elif reply.exception() is not None:
+        _settle(batch, [reply.exception()] * len(batch))
+    else:
+        _settle(batch, reply.result())
 
 
 class TandemHandle:
