@@ -2,7 +2,7 @@
 each tick's verdict rides on the next verify, and the shard queues that verify's forward
 before it answers the verdict. Greedy output must still equal the target's own greedy
 output, token for token, with the verify forward in CUDA graphs; with the Session stream
-over the rank's session socket and over gRPC."""
+over the rank's session socket (blocking reads, and both sides busy-polling) and over gRPC."""
 from __future__ import annotations
 
 import pytest
@@ -39,8 +39,10 @@ def prompts(count: int) -> list[list[int]]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("batch", [1, 4, 8])
-@pytest.mark.parametrize("carrier", ["socket", "grpc"])
-def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_model_dir, in_process_launcher, batch, carrier):
+@pytest.mark.parametrize("carrier, spin_us", [("socket", 0), ("socket", 20_000), ("grpc", 0)],
+                         ids=["socket", "socket-polling", "grpc"])
+def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_model_dir, in_process_launcher, batch, carrier,
+                                                                      spin_us):
     config = EngineConfig(model=tiny_model_dir, device="cuda", drafter="ngram", max_num_seqs=8, max_seq_len=96,
                           row_budget=64, num_speculative_tokens=4, adaptive=False)
     params = SamplingParams(max_tokens=40)
@@ -48,7 +50,8 @@ def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_mode
                          max_num_seqs=8, max_seq_len=96, row_budget=64)
     shard, _ = build_model_shard(plain.shard_spec(), progress=False)
     reference = Engine(LocalShardGroup(shard), IdsTokenizer(), (), plain).generate(prompts(batch), params)
-    group = GrpcShardGroup(config.shard_spec(), in_process_launcher, deadline_s=30, session_socket=carrier == "socket")
+    group = GrpcShardGroup(config.shard_spec(), in_process_launcher, deadline_s=30, session_socket=carrier == "socket",
+                           session_spin_us=spin_us)
     assert group.session_transports == [carrier]
     engine = Engine(group, IdsTokenizer(), (), config)
     try:
