@@ -176,9 +176,29 @@ def test_a_group_that_cannot_reach_the_socket_uses_grpc(tiny_model_dir):
 def test_busy_polling_is_on_by_default_only_where_there_are_cores_to_spare(monkeypatch):
     import os
 
-    from tandem.rpc.session_socket import default_spin_us
+    from tandem.rpc import session_socket
 
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)), raising=False)
-    assert default_spin_us() == 0
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert default_spin_us() == 20_000
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert session_socket.usable_cores(cgroup_root="/nonexistent") == 64  # no cgroup files: the affinity
+    monkeypatch.setattr(session_socket, "usable_cores", lambda: 2)
+    assert session_socket.default_spin_us() == 0
+    monkeypatch.setattr(session_socket, "usable_cores", lambda: 16)
+    assert session_socket.default_spin_us() == 20_000
+
+
+@pytest.mark.parametrize("files, cores", [
+    ({"cpu.max": "400000 100000\n"}, 4.0),  # cgroup v2, a pod limited to 4 CPUs
+    ({"cpu.max": "max 100000\n"}, 64),  # v2, no limit
+    ({"cpu/cpu.cfs_quota_us": "250000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.5),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 64),  # v1, no limit
+])
+def test_a_containers_cpu_quota_bounds_the_cores_that_count(tmp_path, monkeypatch, files, cores):
+    import os
+
+    from tandem.rpc.session_socket import usable_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert usable_cores(cgroup_root=str(tmp_path)) == cores

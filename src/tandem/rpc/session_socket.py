@@ -65,11 +65,31 @@ _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)  # 0: no non-blocking recv here, 
 def default_spin_us() -> int:
     """How long the session busy-polls by default: a tick's worth where this process may
     use at least _SPARE_CORES_TO_SPIN cores, else not at all."""
+    return _DEFAULT_SPIN_US if usable_cores() >= _SPARE_CORES_TO_SPIN and _DONTWAIT else 0
+
+
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> float:
+    """The cores this process may run on, and within its container's CPU quota: a pod
+    limited to 4 CPUs on a 64-core node sees 64 in its affinity, and a poller there would
+    spend its quota."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        cores: float = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return _DEFAULT_SPIN_US if cores >= _SPARE_CORES_TO_SPIN and _DONTWAIT else 0
+    for quota_file, period_file in (("cpu.max", None),  # cgroup v2: "<quota|max> <period>"
+                                    ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):  # v1; -1: none
+        try:
+            with open(os.path.join(cgroup_root, quota_file)) as f:
+                fields = f.read().split()
+            if period_file is not None:
+                with open(os.path.join(cgroup_root, period_file)) as f:
+                    fields.append(f.read().strip())
+            quota, period = fields[0], int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if quota not in ("max", "-1") and period > 0:
+            return min(cores, int(quota) / period)
+    return cores
 
 
 class FrameReader:
