@@ -312,13 +312,15 @@ class _Multiplexer:
     def _send_waiting_now(self) -> None:
         """Send what waits behind the submission on its way, without waiting for its reply
         (over the socket: SUBMIT frames need no turn, their replies say which they answer)."""
-        batch = [(r, d) for r, d in self._to_submit if not d.cancelled()]
+        batch, self._to_submit = [(r, d) for r, d in self._to_submit if not d.cancelled()], []
+        if not batch:
+            return
         try:
             reply = self._write_submission([r for r, _ in batch])
         except (pickle.PicklingError, TypeError, AttributeError):
-            self._waiting_since = math.inf  # left to the coalescing loop, which finds the one that does not pickle
+            self._to_submit[:0] = batch  # left to the coalescing loop, which finds the one that does not pickle
+            self._waiting_since = math.inf
             return
-        self._to_submit = []
         reply.add_done_callback(functools.partial(_settle_from_reply, batch))
 
     async def _send_submissions(self) -> None:

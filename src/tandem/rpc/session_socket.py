@@ -27,9 +27,9 @@ trip of 0.09 ms blocked against 0.02 ms with both sides polling on the H200 host
 against 0.04 on a 2-core box: `python bench/session_transport.py`). A busy GPU server
 keeps a core per process for that (vLLM's workers and engine core poll their queues
 too); a small machine cannot, so it is on only where there are cores to spare
-(default_spin_us). The scheduler polls for a
-reply while the rank computes, the rank for the next command while the scheduler works;
-each falls back to a blocking read once its spin runs out, so an idle server sleeps.
+(default_spin_us). The scheduler polls for a reply while the rank computes, the rank for
+the next command while the scheduler works; each falls back to a blocking read once its
+spin runs out, so an idle server sleeps.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ _HANDSHAKE_S = 10.0  # how long a connecting client may take to send its token
 _TOKEN_BYTES = 16
 _SPIN = struct.Struct("<I")  # after the token: the busy-poll in microseconds
 _MAX_SPIN_US = 1_000_000
-_SPARE_CORES_TO_SPIN = 8  # a host with fewer cores does not busy-poll by default
+_SPARE_CORES_TO_SPIN = 8  # a process with fewer usable cores does not busy-poll by default
 _DEFAULT_SPIN_US = 20_000  # longer than a tick's forward: the reply is polled for, not slept on
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)  # 0: no non-blocking recv here, so no polling
 
