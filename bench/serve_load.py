@@ -1,6 +1,7 @@
 """Load on the served app vs the embedded engine at the same batch.
 
     python bench/serve_load.py [--concurrency 1 16 64] [--max-tokens 32] [--shards 1] [--grpc]
+                               [--ingress-replicas N]
                                [--model smollm2 | tiny-random | a model folder or GGUF]
 
 For each concurrency C, C streaming clients start at once on loopback (OpenAI
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="busy-poll of the session sockets (default: the product's, 20000 where there are 8 cores or more)")
     ap.add_argument("--through-proxy", action="store_true",
                     help="HTTP through Serve's proxy (Serve's default) instead of from the replica itself (`tandem serve`)")
+    ap.add_argument("--ingress-replicas", type=int, default=1,
+                    help="HTTP ingress replicas; more than 1 puts HAProxy in front of them (Serve's HAProxy mode)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per concurrency and side (at least 6 at one client, so its latency has a median): "
                          "latencies pool every run's requests, tokens/s keeps the best run")
@@ -261,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.serve.direct_http import start_serve, use_direct_http
 
     if not args.through_proxy:
-        use_direct_http(args.port)  # as `tandem serve` runs it: HTTP from the replica itself
+        # as `tandem serve` runs it: HTTP from the replica itself, or HAProxy in front of several
+        use_direct_http(args.port, args.ingress_replicas)
     init_local_ray(log_to_driver=False, num_gpus=torch.cuda.device_count() if gpu else None)
     start_serve("127.0.0.1", args.port)
     serve.run(build_app({
@@ -269,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "in_process_target": args.in_process_target, "shard_torch_threads": args.threads,
         "engine_actor_name": "tandem-bench", "shard_num_gpus": 1.0 if gpu else 0.0, "served_model_name": args.model,
         "session_socket": args.session_socket, "session_spin_us": args.session_spin_us,
+        "ingress_replicas": args.ingress_replicas,
     }), name="tandem", route_prefix="/", blocking=False)
     from tandem.actors import connect
 
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"max_tokens": args.max_tokens, "shards": args.shards, "threads": args.threads, "device": device,
                       "in_process_target": args.in_process_target, "through_proxy": args.through_proxy,
                       "session_socket": args.session_socket, "session_spin_us": args.session_spin_us,
-                      "concurrency": result}))
+                      "ingress_replicas": args.ingress_replicas, "concurrency": result}))
     return 0
 
 

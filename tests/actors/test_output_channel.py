@@ -152,12 +152,13 @@ class _Unpicklable(Exception):
         raise TypeError("not picklable")
 
 
-def test_submissions_come_back_in_order_with_each_requests_error():
+def test_submissions_start_in_order_and_each_is_answered_when_done_with_each_requests_error():
     seen = []
 
     async def on_submit(requests, subscriber):
         seen.append((subscriber, [r[2] for r in requests]))
-        await asyncio.sleep(0.01)  # the engine takes a while: the next batch waits its turn
+        # the first batch waits long for the engine: the second must not wait behind it
+        await asyncio.sleep(0.3 if requests[0][2] == "r1" else 0.01)
         return [None if r[0] else InvalidRequestError("prompt", "must not be empty") for r in requests[:-1]] + [_Unpicklable("x")]
 
     async def run():
@@ -174,12 +175,35 @@ def test_submissions_come_back_in_order_with_each_requests_error():
             return replies
 
     replies = asyncio.run(run())
-    assert seen == [("sub-9", ["r1", "r2", "r3"]), ("sub-9", ["r4", "r5"])]
-    (b0, e0), (b1, e1) = replies
+    assert seen == [("sub-9", ["r1", "r2", "r3"]), ("sub-9", ["r4", "r5"])]  # routes open in order
+    (b1, e1), (b0, e0) = replies  # the quick one first
     assert (b0, b1) == (0, 1)
     assert e0[0] is None and isinstance(e0[1], InvalidRequestError) and e0[1].field == "prompt"
     assert isinstance(e0[2], RuntimeError) and "_Unpicklable" in str(e0[2])  # its text, not a broken channel
     assert e1[0] is None and isinstance(e1[1], RuntimeError)
+
+
+def test_a_submission_that_raises_fails_its_own_requests_and_the_channel_goes_on():
+    async def on_submit(requests, subscriber):
+        if requests[0][2] == "bad":
+            raise InvalidRequestError("params", "broken on purpose")
+        return [None] * len(requests)
+
+    async def run():
+        async with _connected("sub-3", on_submit) as (_, reader, writer):
+            writer.write(frame(SUBMIT, (0, [("a", None, "bad", None), ("b", None, "b2", None)])))
+            writer.write(frame(SUBMIT, (1, [("c", None, "ok", None)])))
+            replies = {}
+            async for kind, payload in output_channel.frames(reader):
+                replies[payload[0]] = payload[1]
+                if len(replies) == 2:
+                    break
+            writer.close()
+            return replies
+
+    replies = asyncio.run(run())
+    assert [type(e).__name__ for e in replies[0]] == ["InvalidRequestError", "InvalidRequestError"]
+    assert replies[0][0].field == "params" and replies[1] == [None]
 
 
 def test_a_subscriber_that_stops_reading_is_cut_off_and_its_requests_aborted(monkeypatch):

@@ -212,7 +212,7 @@ def test_the_head_runs_no_app_actors_so_the_ingress_and_its_proxy_land_on_a_work
     # The ingress reserves no CPU in code; a 0-CPU actor may go to the head, which would
     # leave the workers without a Serve proxy and so never Ready.
     assert ingress_num_cpus(doc) > 0
-    assert checks.deployment_names(checks.import_builder(BUILDER)(the_app_args(doc))) == {"tandem-openai"}
+    assert checks.deployment_names(checks.import_builder(BUILDER)(the_app_args(doc))) == {"tandem-openai", "tandem-engine"}
 
 
 def test_overriding_a_deployment_the_app_does_not_have_is_refused():

@@ -190,6 +190,14 @@ class OutputChannels:
                 sub.send(group)
         return rest
 
+    async def _submit(self, sub: "_Subscriber", sid: str, batch: int, requests: list) -> None:
+        try:
+            errors = await self._on_submit(requests, sid)
+        except Exception as e:  # noqa: BLE001 - this batch's requests fail, the channel goes on
+            log.exception("submission of %s failed", sid)
+            errors = [e] * len(requests)
+        sub.reply(batch, errors)
+
     async def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
             try:
@@ -213,12 +221,17 @@ class OutputChannels:
             sub = self._subscribers[sid] = _Subscriber(sock, loop)
             await loop.sock_sendall(sock, b"ok\n")
             buf = bytearray()
+            submitting: set[asyncio.Task] = set()  # held here: the loop keeps only weak references
             while data := await loop.sock_recv(sock, 1 << 16):
                 buf += data
                 for kind, body in _take_frames(buf):
-                    if kind == SUBMIT:  # in order: a batch's routes open before the next's
-                        batch, requests = body
-                        sub.reply(batch, await self._on_submit(requests, sid))
+                    if kind == SUBMIT:
+                        # a task each: a submission waits for the engine's next tick boundary,
+                        # the frames behind it must not. Tasks start in order, so a batch's
+                        # routes still open before the next batch's.
+                        task = loop.create_task(self._submit(sub, sid, *body))
+                        submitting.add(task)
+                        task.add_done_callback(submitting.discard)
         except OSError as e:
             log.debug("output channel of %s: %s", sid, e)
         except Exception:  # noqa: BLE001 - a frame it could not take ends this channel alone

@@ -24,6 +24,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from tandem.actors.admissions import Admissions
 from tandem.actors.output_channel import OutputChannels
 from tandem.actors.wire import merge, to_wire, to_wire_on
 from tandem.config import EngineConfig
@@ -69,6 +70,8 @@ class SchedulerActor:
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tandem-admit")
         self._wake = threading.Event()
+        # short submissions are added by the step thread between ticks
+        self._admissions = Admissions(self._take, lambda rid: self._pool.submit(self.engine.abort, rid), self._wake)
         self._step_lock = threading.Lock()  # held for each tick; pause() takes it to wait for a tick to end
         self._paused = False
         self._stopped = False
@@ -120,6 +123,7 @@ class SchedulerActor:
 
     def _run(self) -> None:
         while not self._stopped:
+            self._admissions.take_waiting()  # also while paused: a submission never waits for resume()
             if self._paused or not self._has_work():
                 self._wake.wait(0.5)
                 self._wake.clear()
@@ -195,10 +199,8 @@ class SchedulerActor:
         ids: set[str] = set()
         for i, (prompt, params, request_id, messages) in enumerate(requests):
             try:
-                if messages is not None:
-                    if prompt is not None:
-                        raise InvalidRequestError("messages", "give either a prompt or messages, not both")
-                    prompt = e.chat_prompt(messages)
+                if messages is not None and prompt is not None:
+                    raise InvalidRequestError("messages", "give either a prompt or messages, not both")
                 rid = request_id or f"req-{uuid.uuid4().hex}"
                 if rid in self._queues or rid in self._routes or rid in ids:
                     raise InvalidRequestError("request_id", f"{rid!r} is already running")
@@ -206,20 +208,19 @@ class SchedulerActor:
                 results[i] = err
                 continue
             ids.add(rid)
-            taken.append((i, rid, (prompt, params, rid)))
+            taken.append((i, rid, (prompt, params, rid, messages)))
         # routes first: a tick on the step thread may have outputs for them before the
-        # engine call returns (the long-prompt path gives up the event loop)
+        # engine's answer reaches this loop
         for i, rid, _ in taken:
             results[i] = (rid, self._open(rid, subscriber))
         batch = [t[2] for t in taken]
         try:
-            if sum(len(p) for p, _, _ in batch if isinstance(p, (str, list))) > _INLINE_PROMPT_LEN:
-                # tokenizing (or checking) long prompts takes a while: off the event loop
-                added = await self._loop.run_in_executor(self._pool, e.add_requests, batch)
+            if sum(len(p) for p, _, _, _ in batch if isinstance(p, (str, list))) > _INLINE_PROMPT_LEN:
+                # tokenizing (or checking) long prompts takes a while: on a pool thread,
+                # not the step thread, whose ticks would wait for it
+                added = await self._loop.run_in_executor(self._pool, self._take, batch)
             else:
-                # short ones cost less than the hop to a pool thread and back, which the
-                # first token waits for; add_requests takes only the short submit lock
-                added = e.add_requests(batch)
+                added = await self._admissions.submit(batch)
         except BaseException:
             for _, rid, _ in taken:
                 self._close(rid)
@@ -228,7 +229,28 @@ class SchedulerActor:
             if isinstance(result, Exception):
                 self._close(rid)
                 results[i] = result
+            elif rid not in self._queues and rid not in self._routes:
+                # its caller left while it waited (its subscriber's routes were dropped)
+                self._pool.submit(e.abort, rid)
         self._wake.set()
+        return results
+
+    def _take(self, batch: list[tuple]) -> list:
+        """Add requests, each (prompt, params, request_id, messages), to the engine: per
+        request its id or the error it was refused with."""
+        e = self.engine
+        results: list = [None] * len(batch)
+        prompts: list[tuple[int, tuple]] = []
+        for i, (prompt, params, rid, messages) in enumerate(batch):
+            if messages is not None:
+                try:
+                    prompt = e.chat_prompt(messages)
+                except Exception as err:  # noqa: BLE001 - that request's error alone
+                    results[i] = err
+                    continue
+            prompts.append((i, (prompt, params, rid)))
+        for (i, _), result in zip(prompts, e.add_requests([p for _, p in prompts])):
+            results[i] = result
         return results
 
     def _open(self, rid: str, subscriber: str | None) -> asyncio.Queue | None:
@@ -404,6 +426,7 @@ class SchedulerActor:
         self._wake.set()
         if self._thread is not None:
             await self._loop.run_in_executor(self._pool, self._thread.join, 30.0)
+        self._admissions.fail_waiting(EngineUnavailableError("the server is shutting down"))
         self._deliver([error_output(rid, "the server is shutting down") for rid in [*self._queues, *self._routes]], on_loop=True)
         self._channels.close()
         self.engine.close()

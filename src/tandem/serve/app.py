@@ -1,10 +1,14 @@
-"""The Ray Serve application: a FastAPI ingress deployment in front of a SchedulerActor.
+"""The Ray Serve application: FastAPI ingress replicas in front of one engine.
 
 build_app(args) is the builder that `import_path: tandem.serve:build_app` names in a
-Serve YAML config (serve run, KubeRay's serveConfigV2). The ingress replica starts the
-engine (tandem.actors.start) when it is constructed, so the engine's actors live as
-long as the replica; the replica reserves no CPU (num_cpus: 0), the actors reserve
-what TandemServeArgs says.
+Serve YAML config (serve run, KubeRay's serveConfigV2). It binds two deployments:
+- tandem-engine, one replica that starts the engine (tandem.actors.start) when it is
+  constructed, so the engine's actors live as long as that replica;
+- tandem-openai, the HTTP ingress: `ingress_replicas` replicas, each with its own
+  subscription to that engine. More than one takes a burst's HTTP on several processes
+  at once (Serve's HAProxy mode puts them behind one port).
+Both replicas reserve no CPU (num_cpus: 0); the engine's actors reserve what
+TandemServeArgs says.
 """
 from __future__ import annotations
 
@@ -17,15 +21,17 @@ from tandem.serve.args import TandemServeArgs
 log = logging.getLogger("tandem.serve")
 
 ENGINE_NAMESPACE = "tandem"  # where a named scheduler actor (engine_actor_name) lives
+INGRESS_DEPLOYMENT = "tandem-openai"
+ENGINE_DEPLOYMENT = "tandem-engine"
 
 
-@serve.ingress()
-class OpenAIIngress:
+class TandemEngine:
+    """Owns the engine: its SchedulerActor and, through it, the shard actors."""
+
     def __init__(self, args: dict):
         from tandem.actors.handle import start
 
-        self.args = TandemServeArgs.model_validate(args)
-        a = self.args
+        a = TandemServeArgs.model_validate(args)
         self.handle = start(
             model=a.model,
             tensor_parallel=a.tensor_parallel_size,
@@ -50,18 +56,18 @@ class OpenAIIngress:
             device=a.device,
             dtype=a.dtype,
         )
-        # all HTTP streams share one output stream: a socket on the engine's node, else Ray
-        self.handle = self.handle.multiplexed()
-        log.info("serving %s", self.handle.model_name)
+        log.info("engine up: %s", self.handle.model_name)
 
-    def __serve_build_asgi_app__(self):
-        from tandem.serve.api import create_app
-
-        return create_app(self.handle, api_key=self.args.api_key, max_tokens_limit=self.args.max_tokens_limit)
+    async def engine_handle(self):
+        """The engine's TandemHandle, for an ingress replica. A dead engine hands out
+        nothing: the asking replica fails to start and Serve tries it again, by when this
+        replica has failed its health check and a new engine is coming up."""
+        await self.handle.ahealth()
+        return self.handle
 
     async def check_health(self) -> None:
-        """Serve's replica health check: raises when the scheduler actor is gone, so Serve
-        replaces this replica (and with it the engine). A recovering engine is healthy."""
+        """Serve's health check: raises when the scheduler actor is gone, so Serve replaces
+        this replica and with it the engine. A recovering engine is healthy."""
         await self.handle.ahealth()
 
     def __del__(self):
@@ -73,18 +79,48 @@ class OpenAIIngress:
                 log.debug("engine shutdown: %s", e)
 
 
+@serve.ingress()
+class OpenAIIngress:
+    async def __init__(self, args: dict, engine):
+        self.args = TandemServeArgs.model_validate(args)
+        # waits while the engine replica loads the model
+        handle = await engine.engine_handle.remote()
+        # all HTTP streams of this replica share one output stream: a socket on the
+        # engine's node, else Ray
+        self.handle = handle.multiplexed()
+        log.info("serving %s", self.handle.model_name)
+
+    def __serve_build_asgi_app__(self):
+        from tandem.serve.api import create_app
+
+        return create_app(self.handle, api_key=self.args.api_key, max_tokens_limit=self.args.max_tokens_limit)
+
+    async def check_health(self) -> None:
+        """Raises when the scheduler actor is gone: Serve replaces this replica, and the
+        new one takes the handle of the engine that replaces it."""
+        await self.handle.ahealth()
+
+
 def build_app(args: dict | TandemServeArgs | None = None):
     """Serve builder: args (validated as TandemServeArgs) -> the bound application."""
     if isinstance(args, TandemServeArgs):
         args = args.model_dump()
     parsed = TandemServeArgs.model_validate(args or {})
-    deployment = serve.deployment(
+    checks = {"health_check_period_s": 10, "health_check_timeout_s": 30}
+    engine = serve.deployment(
+        TandemEngine,
+        name=ENGINE_DEPLOYMENT,
+        num_replicas=1,  # one engine per app; scale with more apps
+        ray_actor_options={"num_cpus": 0},
+        **checks,
+    )
+    ingress = serve.deployment(
         OpenAIIngress,
-        name="tandem-openai",
-        num_replicas=1,  # one replica owns the engine; scale with more apps, not replicas
+        name=INGRESS_DEPLOYMENT,
+        num_replicas=parsed.ingress_replicas,
         max_ongoing_requests=parsed.max_ongoing_requests,
         ray_actor_options={"num_cpus": 0},
-        health_check_period_s=10,
-        health_check_timeout_s=30,
+        **checks,
     )
-    return deployment.bind(parsed.model_dump())
+    values = parsed.model_dump()
+    return ingress.bind(values, engine.bind(values))

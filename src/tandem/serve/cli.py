@@ -40,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-process-target", action="store_true", help=fields["in_process_target"].description)
     p.add_argument("--no-session-socket", dest="session_socket", action="store_false", help=fields["session_socket"].description)
     p.add_argument("--session-spin-us", type=int, default=None, metavar="US", help=fields["session_spin_us"].description)
+    p.add_argument("--ingress-replicas", type=int, default=1, metavar="N", help=fields["ingress_replicas"].description)
     p.add_argument("--gpus-per-shard", type=float, default=None, help="GPUs per shard actor (default: 1 when this machine has a GPU, else 0).")
     p.add_argument("--host", default="127.0.0.1", help="Address the HTTP server binds (0.0.0.0 to listen on all interfaces).")
     p.add_argument("--port", type=int, default=8000, help="HTTP port.")
@@ -72,6 +73,7 @@ def serve_args(args: argparse.Namespace) -> TandemServeArgs:
         in_process_target=args.in_process_target,
         session_socket=args.session_socket,
         session_spin_us=args.session_spin_us,
+        ingress_replicas=args.ingress_replicas,
     )
 
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tandem.actors.cluster import init_local_ray
     from tandem.serve.app import build_app
-    from tandem.serve.direct_http import start_serve, use_direct_http
+    from tandem.serve.direct_http import haproxy_ports, start_serve, use_direct_http
 
     try:
         app_args = serve_args(args)  # validate before starting anything
@@ -100,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stop = threading.Event()
     if args.address is None:
-        use_direct_http(args.port)  # the cluster we start serves HTTP from the replica itself
+        # the cluster we start serves HTTP from the replica itself, or from HAProxy in front of several
+        use_direct_http(args.port, app_args.ingress_replicas)
     started = init_local_ray(address=args.address, num_cpus=args.num_cpus)
     # after ray.init, which installs its own SIGTERM handler
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -109,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
         serve.run(build_app(app_args), name="tandem", route_prefix="/", blocking=False)
         shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         print(f"tandem: serving {app_args.model or 'smollm2'} at http://{shown}:{args.port}/v1 (Ctrl-C to stop)", flush=True)
+        if args.address is None and app_args.ingress_replicas > 1:
+            print(f"tandem: {app_args.ingress_replicas} ingress replicas behind HAProxy; its stats page and metrics listen "
+                  f"on all interfaces, ports {haproxy_ports()}", flush=True)
         while not stop.wait(0.5):
             pass
         print("tandem: stopping", flush=True)

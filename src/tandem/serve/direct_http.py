@@ -8,6 +8,11 @@ client). Ray 2.60's throughput-optimized mode lets the ingress replica run the H
 server itself; we give it the user's port (a port range of one) and start Serve's
 proxy, which Serve still wants, on a free port of its own.
 
+Several ingress replicas (ingress_replicas > 1) cannot share a port that way: Serve's
+HAProxy mode runs HAProxy on the user's port in front of them, each replica on a free
+port of its own. HAProxy also opens its stats page and Prometheus exporter, on every
+interface (Ray 2.60 does not let us choose); we give them free ports.
+
 The settings are environment variables that Serve's controller and replicas read when
 they start, so they are set before the local Ray cluster starts (its processes inherit
 them). A cluster started elsewhere (KubeRay, `--address`) keeps its own settings and
@@ -19,11 +24,15 @@ import os
 import socket
 
 
-def direct_http_env(port: int) -> dict[str, str]:
-    """The environment that has the ingress replica serve HTTP on `port` itself."""
+def direct_http_env(port: int, ingress_replicas: int = 1) -> dict[str, str]:
+    """The environment that has the ingress replica serve HTTP on `port` itself, or with
+    several, HAProxy on `port` in front of them."""
+    if ingress_replicas > 1:
+        return haproxy_env(ingress_replicas)
     return {
         # direct ingress, user code on the replica's own event loop, fewer log writes
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "0",
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),  # exclusive: exactly `port`
         # a replica that restarts takes the same port back at once
@@ -33,14 +42,37 @@ def direct_http_env(port: int) -> dict[str, str]:
     }
 
 
-def use_direct_http(port: int) -> None:
-    """Call before the local Ray cluster starts: its Serve replica will serve `port`."""
-    os.environ.update(direct_http_env(port))
+def haproxy_env(ingress_replicas: int) -> dict[str, str]:
+    """HAProxy in front of `ingress_replicas` direct-ingress replicas; the port HAProxy
+    answers on is Serve's http_options port (start_serve)."""
+    first = free_port()
+    return {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        # room for every replica and for one that restarts while the old one drains;
+        # Serve skips a port of the range that turns out to be taken
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(first),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(first + 4 * ingress_replicas),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+    }
+
+
+def use_direct_http(port: int, ingress_replicas: int = 1) -> None:
+    """Call before the local Ray cluster starts: its Serve replica will serve `port` (with
+    several replicas, HAProxy will)."""
+    os.environ.update(direct_http_env(port, ingress_replicas))
+
+
+def haproxy_ports() -> str:
+    """Where this process's HAProxy shows its stats page and metrics (haproxy_env)."""
+    return f"{os.environ.get('RAY_SERVE_HAPROXY_STATS_PORT')} (stats), {os.environ.get('RAY_SERVE_HAPROXY_METRICS_PORT')} (metrics)"
 
 
 def direct_http_port() -> int | None:
     """The port the ingress replica serves, when this process set one up."""
-    if os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") != "1":
+    if os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") != "1" or os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         return None
     port = os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT")
     return int(port) if port else None
@@ -56,7 +88,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def start_serve(host: str, port: int) -> None:
     """serve.start for an app that answers on host:port. With direct HTTP set up
     (use_direct_http(port) before the cluster started) the replica answers there and the
-    proxy gets a free port; otherwise the proxy answers there."""
+    proxy gets a free port; otherwise the proxy (or HAProxy) answers there."""
     from ray import serve
 
     direct = direct_http_port() == port

@@ -1,0 +1,121 @@
+"""Admissions without Ray: batches handed over while the step thread is busy are added
+together at its next boundary, each caller gets its own answers, a failure reaches every
+waiting caller, and what was taken for a caller that left is aborted."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from tandem.actors.admissions import Admissions
+
+
+class _StepThread:
+    """Takes the waiting batches whenever told to, as the actor's step loop does between ticks."""
+
+    def __init__(self, admissions: Admissions, wake: threading.Event):
+        self.admissions, self.wake = admissions, wake
+        self.go = threading.Event()
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop:
+            self.go.wait()
+            self.go.clear()
+            self.admissions.take_waiting()
+
+
+def _engine(calls: list, refuse: str = "", fail: bool = False):
+    def take(batch):
+        calls.append([r[2] for r in batch])
+        if fail:
+            raise RuntimeError("tokenizer down")
+        return [ValueError(f"refused {r[2]}") if r[2] == refuse else r[2] for r in batch]
+
+    return take
+
+
+async def _until(predicate, timeout_s: float = 5.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.005)
+
+
+def test_batches_that_wait_for_a_tick_are_added_in_one_call_each_caller_gets_its_own_answers():
+    calls, wake = [], threading.Event()
+    admissions = Admissions(_engine(calls, refuse="b2"), lambda rid: None, wake)
+    step = _StepThread(admissions, wake)
+
+    async def run():
+        # the step thread is "in a tick" until told to take: three submissions pile up
+        waiting = [asyncio.ensure_future(admissions.submit([(None, None, f"{k}{i}", None) for i in range(n)]))
+                   for k, n in (("a", 2), ("b", 3), ("c", 1))]
+        await _until(lambda: len(admissions._waiting) == 3)
+        assert wake.is_set() and admissions.waiting()
+        step.go.set()
+        return await asyncio.gather(*waiting)
+
+    a, b, c = asyncio.run(run())
+    step.stop = True
+    step.go.set()
+    assert calls == [["a0", "a1", "b0", "b1", "b2", "c0"]]  # one call, in the order handed over
+    assert a == ["a0", "a1"] and c == ["c0"]
+    assert b[:2] == ["b0", "b1"] and isinstance(b[2], ValueError) and "b2" in str(b[2])
+    assert not admissions.waiting()
+
+
+def test_a_take_that_fails_fails_every_waiting_caller():
+    wake = threading.Event()
+    admissions = Admissions(_engine([], fail=True), lambda rid: None, wake)
+    step = _StepThread(admissions, wake)
+
+    async def run():
+        waiting = [asyncio.ensure_future(admissions.submit([(None, None, rid, None)])) for rid in ("x", "y")]
+        await _until(lambda: len(admissions._waiting) == 2)
+        step.go.set()
+        return await asyncio.gather(*waiting, return_exceptions=True)
+
+    results = asyncio.run(run())
+    step.stop = True
+    step.go.set()
+    assert [str(r) for r in results] == ["tokenizer down", "tokenizer down"]
+
+
+def test_what_was_taken_for_a_caller_that_left_is_aborted():
+    calls, aborted, wake = [], [], threading.Event()
+    admissions = Admissions(_engine(calls, refuse="r1"), aborted.append, wake)
+    step = _StepThread(admissions, wake)
+
+    async def run():
+        left = asyncio.ensure_future(admissions.submit([(None, None, "r0", None), (None, None, "r1", None)]))
+        stays = asyncio.ensure_future(admissions.submit([(None, None, "r2", None)]))
+        await _until(lambda: len(admissions._waiting) == 2)
+        left.cancel()
+        await asyncio.sleep(0)
+        step.go.set()
+        answer = await stays
+        await _until(lambda: aborted)
+        return answer
+
+    assert asyncio.run(run()) == ["r2"]
+    step.stop = True
+    step.go.set()
+    assert aborted == ["r0"]  # r1 was refused: nothing to abort
+
+
+def test_shutting_down_fails_the_callers_still_waiting():
+    admissions = Admissions(_engine([]), lambda rid: None, threading.Event())
+
+    async def run():
+        waiting = asyncio.ensure_future(admissions.submit([(None, None, "r", None)]))
+        await _until(lambda: admissions.waiting())
+        admissions.fail_waiting(RuntimeError("shutting down"))
+        with pytest.raises(RuntimeError, match="shutting down"):
+            await waiting
+        assert not admissions.waiting()
+
+    asyncio.run(run())
