@@ -49,6 +49,10 @@ def haproxy_env(ingress_replicas: int) -> dict[str, str]:
     return {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        # Serve's default of 4 threads is for a node of its own; here the engine, the
+        # replicas and HAProxy share the cores, and two threads forward tens of thousands
+        # of chunks a second
+        "RAY_SERVE_HAPROXY_NBTHREAD": os.environ.get("RAY_SERVE_HAPROXY_NBTHREAD", "2"),
         # room for every replica and for one that restarts while the old one drains;
         # Serve skips a port of the range that turns out to be taken
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(first),
