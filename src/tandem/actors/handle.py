@@ -31,7 +31,7 @@ from tandem.actors import output_channel
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
 from tandem.actors.wire import as_received, from_wire, merge
 from tandem.config import EngineConfig
-from tandem.errors import InvalidRequestError, TandemError
+from tandem.errors import EngineUnavailableError, InvalidRequestError, TandemError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 
@@ -129,6 +129,12 @@ def _unwrap(e: Exception) -> Exception:
     return cause if isinstance(cause, TandemError) else e
 
 
+def _engine_gone(e: Exception) -> EngineUnavailableError:
+    # under Serve a new engine replica is on its way: a client should retry, not give up
+    return EngineUnavailableError(f"the engine's scheduler actor is gone ({type(e).__name__}); "
+                                  "a served app starts a new one")
+
+
 @contextmanager
 def _tandem_errors():
     import ray
@@ -137,6 +143,8 @@ def _tandem_errors():
         yield
     except ray.exceptions.RayTaskError as e:
         raise _unwrap(e) from None
+    except ray.exceptions.RayActorError as e:
+        raise _engine_gone(e) from None
 
 
 @asynccontextmanager
@@ -147,6 +155,8 @@ async def _tandem_errors_async():
         yield
     except ray.exceptions.RayTaskError as e:
         raise _unwrap(e) from None
+    except ray.exceptions.RayActorError as e:
+        raise _engine_gone(e) from None
 
 
 class _Multiplexer:
