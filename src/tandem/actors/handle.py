@@ -380,7 +380,11 @@ class TandemHandle:
     handle whose astream()s and agenerate()s share one subscription (per handle and
     event loop): what a server with many concurrent requests should use. On the engine's
     node its outputs come over a Unix socket unless direct=False (then, as elsewhere,
-    over a Ray stream)."""
+    over a Ray stream).
+
+    Calls raise tandem's errors (tandem.errors): InvalidRequestError for bad input,
+    EngineUnavailableError while the shard group recovers and once the scheduler actor
+    is gone (a served app then starts a new engine)."""
 
     def __init__(self, actor, info: dict, multiplex: bool = False, direct: bool = True):
         self.actor = actor
