@@ -28,7 +28,7 @@ def direct_http_env(port: int, ingress_replicas: int = 1) -> dict[str, str]:
     """The environment that has the ingress replica serve HTTP on `port` itself, or with
     several, HAProxy on `port` in front of them."""
     if ingress_replicas > 1:
-        return haproxy_env(ingress_replicas)
+        return haproxy_env(port, ingress_replicas)
     return {
         # direct ingress, user code on the replica's own event loop, fewer log writes
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -42,10 +42,14 @@ def direct_http_env(port: int, ingress_replicas: int = 1) -> dict[str, str]:
     }
 
 
-def haproxy_env(ingress_replicas: int) -> dict[str, str]:
-    """HAProxy in front of `ingress_replicas` direct-ingress replicas; the port HAProxy
-    answers on is Serve's http_options port (start_serve)."""
-    first = free_port()
+def haproxy_env(port: int, ingress_replicas: int) -> dict[str, str]:
+    """HAProxy on `port` in front of `ingress_replicas` direct-ingress replicas (the port
+    itself goes to Serve's http_options: start_serve)."""
+    replicas = range(port, port + 1)
+    while port in replicas:
+        first = free_port()
+        replicas = range(first, first + 4 * ingress_replicas)  # room for one that restarts while the old one drains
+    stats, metrics = free_ports(2, avoid=[*replicas, port])
     return {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -53,12 +57,11 @@ def haproxy_env(ingress_replicas: int) -> dict[str, str]:
         # replicas and HAProxy share the cores, and two threads forward tens of thousands
         # of chunks a second
         "RAY_SERVE_HAPROXY_NBTHREAD": os.environ.get("RAY_SERVE_HAPROXY_NBTHREAD", "2"),
-        # room for every replica and for one that restarts while the old one drains;
         # Serve skips a port of the range that turns out to be taken
-        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(first),
-        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(first + 4 * ingress_replicas),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(replicas.start),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(replicas.stop),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
         "RAY_SERVE_PORT_QUARANTINE_S": "0",
     }
 
@@ -87,6 +90,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int, avoid: list[int]) -> list[int]:
+    """n distinct free ports, none in `avoid`."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in avoid and port not in ports:
+            ports.append(port)
+    return ports
 
 
 def start_serve(host: str, port: int) -> None:

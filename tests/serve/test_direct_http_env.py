@@ -1,0 +1,26 @@
+"""The environment `tandem serve` gives its local Ray cluster: one ingress replica on the
+user's port itself, or HAProxy there in front of several, each on a port of its own."""
+from __future__ import annotations
+
+from tandem.serve.direct_http import direct_http_env, free_port
+
+
+def test_one_replica_serves_the_port_itself_without_haproxy():
+    env = direct_http_env(8123)
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # a setting left from an earlier call must not linger
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == ("8123", "8124")
+
+
+def test_several_replicas_get_haproxy_on_the_port_and_ports_of_their_own_apart_from_its_others(monkeypatch):
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_NBTHREAD", raising=False)
+    port = free_port()
+    for _ in range(20):  # the ports are drawn at random: draw often
+        env = direct_http_env(port, 3)
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+        replicas = range(int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]), int(env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]))
+        assert len(replicas) >= 3 and port not in replicas
+        stats, metrics = int(env["RAY_SERVE_HAPROXY_STATS_PORT"]), int(env["RAY_SERVE_HAPROXY_METRICS_PORT"])
+        assert len({stats, metrics, port}) == 3 and stats not in replicas and metrics not in replicas
+        assert env["RAY_SERVE_HAPROXY_NBTHREAD"] == "2"
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_NBTHREAD", "6")
+    assert direct_http_env(port, 2)["RAY_SERVE_HAPROXY_NBTHREAD"] == "6"  # the user's setting wins
