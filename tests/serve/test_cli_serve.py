@@ -1,6 +1,7 @@
 """`tandem serve`: its own local Ray cluster and the app, the URL printed, a request
 answered, and a clean stop on SIGTERM, on Ctrl-C (SIGINT), and on a SIGTERM to its whole
-process group (`timeout`, a supervisor), which stops the cluster's processes too."""
+process group (`timeout`, a supervisor), which stops the cluster's processes too; and with
+two ingress replicas behind HAProxy, both serving the same text."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -44,10 +46,7 @@ def _wait_for_url(proc: subprocess.Popen, lines: list[str], port: int) -> str:
 @pytest.mark.parametrize("sig,group,within_s", [(signal.SIGTERM, False, 90), (signal.SIGINT, False, 90), (signal.SIGTERM, True, 25)],
                          ids=["SIGTERM", "SIGINT", "SIGTERM-to-the-group"])
 def test_tandem_serve_prints_the_url_serves_and_stops_cleanly(sig, group, within_s):
-    port = _free_port()
-    proc, lines = _start(port)
-    try:
-        url = _wait_for_url(proc, lines, port)
+    with _served() as (proc, lines, port, url):
         headers = {"Authorization": "Bearer k"}
         assert httpx.get(url + "/models", timeout=30).status_code == 401
         r = httpx.post(url + "/completions", headers=headers, timeout=120,
@@ -58,13 +57,26 @@ def test_tandem_serve_prints_the_url_serves_and_stops_cleanly(sig, group, within
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
-        assert proc.wait(within_s) == 0, "".join(lines)[-4000:]
-        with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        _assert_stopped(proc, lines, port, within_s)
+
+
+@contextmanager
+def _served(*extra: str):
+    """`tandem serve` running: (process, its output lines, port, /v1 URL); killed after."""
+    port = _free_port()
+    proc, lines = _start(port, *extra)
+    try:
+        yield proc, lines, port, _wait_for_url(proc, lines, port)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _assert_stopped(proc: subprocess.Popen, lines: list[str], port: int, within_s: float) -> None:
+    assert proc.wait(within_s) == 0, "".join(lines)[-4000:]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
 
 
 def _stream_text(url: str, body: dict) -> str:
@@ -80,10 +92,7 @@ def _stream_text(url: str, body: dict) -> str:
 
 @pytest.mark.slow
 def test_two_ingress_replicas_behind_haproxy_both_serve_the_same_text_and_stop_cleanly():
-    port = _free_port()
-    proc, lines = _start(port, "--ingress-replicas", "2")
-    try:
-        url = _wait_for_url(proc, lines, port)
+    with _served("--ingress-replicas", "2") as (proc, lines, port, url):
         (ports_line,) = [line for line in lines if "HAProxy" in line]
         stats_port = int(re.search(r"ports (\d+) \(stats\)", ports_line).group(1))
         body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
@@ -104,10 +113,4 @@ def test_two_ingress_replicas_behind_haproxy_both_serve_the_same_text_and_stop_c
         assert min(replicas.values()) > 0, stats
 
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(90) == 0, "".join(lines)[-4000:]
-        with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _assert_stopped(proc, lines, port, 90)

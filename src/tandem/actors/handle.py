@@ -123,16 +123,18 @@ def sampling_params(params: SamplingParams | None = None, **kwargs) -> SamplingP
     return SamplingParams(**kwargs)
 
 
-def _unwrap(e: Exception) -> Exception:
-    """Ray wraps an actor's exception; give back tandem's own error where it is one."""
-    cause = getattr(e, "cause", None)
+def _tandem_error(e: Exception) -> Exception:
+    """tandem's error for what a call on the scheduler actor raised: the actor's own
+    exception where it is tandem's; EngineUnavailableError once the actor is gone (under
+    Serve a new engine replica is on its way: a client should retry, not give up)."""
+    import ray
+
+    # (a RayTaskError may also pass for its cause's class: an actor the scheduler called died)
+    if isinstance(e, ray.exceptions.RayActorError) and not isinstance(e, ray.exceptions.RayTaskError):
+        return EngineUnavailableError(f"the engine's scheduler actor is gone ({type(e).__name__}); "
+                                      "a served app starts a new one")
+    cause = getattr(e, "cause", None)  # Ray wraps an actor's exception
     return cause if isinstance(cause, TandemError) else e
-
-
-def _engine_gone(e: Exception) -> EngineUnavailableError:
-    # under Serve a new engine replica is on its way: a client should retry, not give up
-    return EngineUnavailableError(f"the engine's scheduler actor is gone ({type(e).__name__}); "
-                                  "a served app starts a new one")
 
 
 @contextmanager
@@ -141,10 +143,8 @@ def _tandem_errors():
 
     try:
         yield
-    except ray.exceptions.RayTaskError as e:
-        raise _unwrap(e) from None
-    except ray.exceptions.RayActorError as e:
-        raise _engine_gone(e) from None
+    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+        raise _tandem_error(e) from None
 
 
 @asynccontextmanager
@@ -153,10 +153,8 @@ async def _tandem_errors_async():
 
     try:
         yield
-    except ray.exceptions.RayTaskError as e:
-        raise _unwrap(e) from None
-    except ray.exceptions.RayActorError as e:
-        raise _engine_gone(e) from None
+    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+        raise _tandem_error(e) from None
 
 
 class _Multiplexer:
