@@ -119,3 +119,13 @@ def test_shutting_down_fails_the_callers_still_waiting():
         assert not admissions.waiting()
 
     asyncio.run(run())
+
+
+def test_a_chat_requests_size_counts_its_messages_so_a_long_one_is_not_added_on_the_step_thread():
+    from tandem.actors.scheduler_actor import _INLINE_PROMPT_LEN, _size
+
+    assert _size("abc", None) == 3 and _size([5, 6], None) == 2
+    long_chat = [{"role": "system", "content": "x" * _INLINE_PROMPT_LEN}, {"role": "user", "content": "hi"}]
+    assert _size(None, long_chat) > _INLINE_PROMPT_LEN
+    assert _size(None, [{"role": "user", "content": None}]) == 0
+    assert _size(None, "not a list of messages") == 0  # refused later, by the chat template

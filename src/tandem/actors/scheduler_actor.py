@@ -34,7 +34,7 @@ from tandem.sampling_params import SamplingParams
 
 log = logging.getLogger("tandem.actors")
 
-_INLINE_PROMPT_LEN = 4096  # a batch whose prompts total this many characters or token ids at most is taken on the event loop
+_INLINE_PROMPT_LEN = 4096  # a batch whose prompts total this many characters or token ids at most is added by the step thread
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class SchedulerActor:
             results[i] = (rid, self._open(rid, subscriber))
         batch = [t[2] for t in taken]
         try:
-            if sum(len(p) for p, _, _, _ in batch if isinstance(p, (str, list))) > _INLINE_PROMPT_LEN:
+            if sum(_size(p, m) for p, _, _, m in batch) > _INLINE_PROMPT_LEN:
                 # tokenizing (or checking) long prompts takes a while: on a pool thread,
                 # not the step thread, whose ticks would wait for it
                 added = await self._loop.run_in_executor(self._pool, self._take, batch)
@@ -449,6 +449,17 @@ async def _drain(q: asyncio.Queue) -> list:
     while not q.empty():
         items.append(q.get_nowait())
     return items
+
+
+def _size(prompt, messages) -> int:
+    """About how long a request's prompt is, in characters or token ids, before its chat
+    template is applied."""
+    if messages is not None:
+        try:
+            return sum(len(str(m.get("content") or "")) for m in messages)
+        except (TypeError, AttributeError):
+            return 0  # not a list of dicts: _take refuses it at once
+    return len(prompt) if isinstance(prompt, (str, list)) else 0
 
 
 def _wait_for(lock: threading.Lock) -> None:
