@@ -1,0 +1,156 @@
+"""Run by test_actor_loss.py in a process of its own (its own local Ray cluster): serve
+with N ingress replicas, kill one of the app's actors, and print as JSON what clients saw.
+
+    python tests/serve/lose_actor.py engine N    # the engine's scheduler actor
+    python tests/serve/lose_actor.py ingress N   # one ingress replica, mid-stream
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import httpx  # noqa: E402
+
+BODY = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+LONG = {"model": "smollm2", "prompt": "Count to one hundred: 1, 2, 3,", "max_tokens": 150, "temperature": 0,
+        "ignore_eos": True}
+
+
+def serve_app(replicas: int) -> int:
+    """The app on a local cluster, HAProxy in front of `replicas` ingress replicas; its port."""
+    from ray import serve
+
+    from tandem.actors import init_local_ray
+    from tandem.serve import build_app
+    from tandem.serve.direct_http import free_port, start_serve, use_direct_http
+
+    port = free_port()
+    use_direct_http(port, replicas)
+    init_local_ray(log_to_driver=False)
+    start_serve("127.0.0.1", port)
+    serve.run(build_app({"max_num_seqs": 4, "max_seq_len": 256, "engine_actor_name": "lose-me",
+                         "ingress_replicas": replicas}), name="tandem", route_prefix="/", blocking=False)
+    return port
+
+
+def wait_running(since: float, limit_s: float = 300) -> str:
+    from ray import serve
+
+    while serve.status().applications["tandem"].status != "RUNNING" and time.monotonic() - since < limit_s:
+        time.sleep(1)
+    return serve.status().applications["tandem"].status.value
+
+
+def lose_engine(base: str, replicas: int) -> dict:
+    import ray
+
+    url = base + "/v1/completions"
+    before = httpx.post(url, json=BODY, timeout=60).json()["choices"][0]["text"]
+    ray.kill(ray.get_actor("lose-me", namespace="tandem"))
+    killed = time.monotonic()
+    outage = []  # (status, Retry-After, error type) until the first 200
+    while time.monotonic() - killed < 240:
+        r = httpx.post(url, json=BODY, timeout=60)
+        if r.status_code == 200:
+            break
+        outage.append((r.status_code, r.headers.get("retry-after"), r.json().get("error", {}).get("type")))
+        time.sleep(0.5)
+    back_s = time.monotonic() - killed
+    status = wait_running(killed)
+    after = [httpx.post(url, json=BODY, timeout=60) for _ in range(2 * replicas + 2)]
+    return {
+        "before": before,
+        "outage": outage,
+        "back_s": back_s,
+        "status": status,
+        "after": [(r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text) for r in after],
+    }
+
+
+def replica_ports() -> list[int]:
+    """The ingress replicas' own ports: those of their range that someone listens on."""
+    import socket
+
+    ports = []
+    for port in range(int(os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]),
+                      int(os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"])):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                ports.append(port)
+    return ports
+
+
+def stream(port: int, seen: dict) -> None:
+    """LONG, streamed straight from one replica's port; what came, and how it ended."""
+    seen.update(text="", first=None, ended=None, error=None)
+    try:
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json={**LONG, "stream": True},
+                          timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        seen["error"] = chunk["error"]["message"]
+                        break
+                    seen["text"] += chunk["choices"][0]["text"]
+                    seen["first"] = seen["first"] or time.monotonic()
+    except httpx.HTTPError as e:
+        seen["error"] = f"{type(e).__name__}: {e}"
+    seen["ended"] = time.monotonic()
+
+
+def running(base: str) -> float:
+    metrics = httpx.get(base + "/metrics", timeout=30).text
+    (line,) = [x for x in metrics.splitlines() if x.startswith("tandem:num_requests_running ")]
+    return float(line.split()[1])
+
+
+def lose_ingress(base: str, replicas: int) -> dict:
+    import ray
+
+    alone = httpx.post(base + "/v1/completions", json=LONG, timeout=120).json()["choices"][0]["text"]
+    ports = replica_ports()
+    seen = [{}, {}]
+    threads = [threading.Thread(target=stream, args=(port, into)) for port, into in zip(ports, seen)]
+    for t in threads:
+        t.start()
+    started = time.monotonic()
+    while not all(into.get("first") for into in seen) and time.monotonic() - started < 60:
+        time.sleep(0.01)
+    # one replica goes: one stream, on one of the two ports, must end and the other go on
+    replica = next(a for a in ray.util.list_named_actors(all_namespaces=True) if "tandem-openai" in a["name"])
+    ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+    killed = time.monotonic()
+    for t in threads:
+        t.join(120)
+    settled = time.monotonic()
+    while running(base) > 0 and time.monotonic() - settled < 30:  # the lost replica's request is aborted
+        time.sleep(0.2)
+    status = wait_running(killed)
+    return {
+        "alone": alone,
+        "ports": ports,
+        "streams": [{"text": x["text"], "error": x["error"], "ended_s": x["ended"] - killed} for x in seen],
+        "running_after": running(base),
+        "status": status,
+        "after": [httpx.post(base + "/v1/completions", json=BODY, timeout=60).status_code for _ in range(2 * replicas)],
+    }
+
+
+if __name__ == "__main__":
+    what, n = sys.argv[1], int(sys.argv[2])
+    base = f"http://127.0.0.1:{serve_app(n)}"
+    result = {"engine": lose_engine, "ingress": lose_ingress}[what](base, n)
+    print("RESULT " + json.dumps(result), flush=True)
+    import ray
+
+    ray.shutdown()  # the local cluster's processes; Serve's own shutdown would wait 30 s on its controller
+    os._exit(0)

@@ -1,0 +1,57 @@
+"""A served app (two ingress replicas behind HAProxy) that loses one of its actors, each
+case on its own Ray cluster in a process of its own (lose_actor.py):
+- its engine (the scheduler actor): Serve replaces the engine replica, the ingress
+  replicas take the new engine, and meanwhile clients get 503 with Retry-After, not a
+  hang or a bare 500;
+- one ingress replica mid-stream: its stream ends, the other replica's stream goes on to
+  the text it would have had alone, the lost replica's request stops generating, and
+  Serve brings the replica back."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "lose_actor.py")
+
+
+def _lose(what: str, replicas: int = 2) -> dict:
+    proc = subprocess.Popen([sys.executable, SCRIPT, what, str(replicas)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it, whatever happened
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.slow
+def test_a_lost_engine_is_replaced_and_clients_get_503_meanwhile():
+    result = _lose("engine")
+    assert result["back_s"] < 240, result
+    assert result["outage"], result  # the requests right after the kill found no engine
+    assert all(status == 503 and retry and kind == "service_unavailable" for status, retry, kind in result["outage"]), result
+    assert result["status"] == "RUNNING", result
+    # every ingress replica serves again, from the new engine, the same greedy text
+    assert result["after"] == [[200, result["before"]]] * len(result["after"]), result
+
+
+@pytest.mark.slow
+def test_a_lost_ingress_replica_ends_its_own_stream_only():
+    result = _lose("ingress")
+    assert len(result["ports"]) == 2, result  # a stream straight from each replica
+    lost, kept = sorted(result["streams"], key=lambda x: x["error"] is None)
+    assert lost["error"] is not None and lost["ended_s"] < 10 and lost["text"] != result["alone"], result
+    assert kept["error"] is None and kept["text"] == result["alone"], result
+    assert result["running_after"] == 0, result  # the lost replica's request was aborted, not left running
+    assert result["status"] == "RUNNING" and result["after"] == [200] * 4, result
