@@ -75,17 +75,22 @@ def lose_engine(base: str, replicas: int) -> dict:
     }
 
 
-def replica_ports() -> list[int]:
-    """The ingress replicas' own ports: those of their range that someone listens on."""
-    import socket
+def replica_ports(replicas: int) -> list[int]:
+    """The ingress replicas' own ports, from the config Serve writes for HAProxy (a port of
+    their range that something listens on may be any process's)."""
+    import re
 
-    ports = []
-    for port in range(int(os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]),
-                      int(os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"])):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                ports.append(port)
-    return ports
+    import ray
+
+    folder, name = os.path.split(os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/tmp/haproxy-serve/haproxy.cfg"))
+    path = os.path.join(folder, ray.get_runtime_context().get_node_id(), name)
+    deadline = time.monotonic() + 60
+    while True:
+        with open(path) as f:
+            ports = sorted({int(p) for p in re.findall(r"server SERVE_REPLICA_\S*tandem-openai\S* [\d.]+:(\d+)", f.read())})
+        if len(ports) >= replicas or time.monotonic() > deadline:
+            return ports
+        time.sleep(0.5)
 
 
 def stream(port: int, seen: dict) -> None:
@@ -117,7 +122,7 @@ def lose_ingress(base: str, replicas: int) -> dict:
     import ray
 
     alone = httpx.post(base + "/v1/completions", json=LONG, timeout=120).json()["choices"][0]["text"]
-    ports = replica_ports()
+    ports = replica_ports(replicas)
     seen = [{}, {}]
     threads = [threading.Thread(target=stream, args=(port, into)) for port, into in zip(ports, seen)]
     for t in threads:
