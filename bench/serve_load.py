@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.actors import init_local_ray
     from tandem.engine import Engine
     from tandem.serve import build_app
-    from tandem.serve.direct_http import start_serve, use_direct_http
+    from tandem.serve.direct_http import start_serve, stop_haproxy, use_direct_http
 
     if not args.through_proxy:
         # as `tandem serve` runs it: HTTP from the replica itself, or HAProxy in front of several
@@ -306,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
         if over_grpc is not None:
             over_grpc.close()
+        node_id = ray.get_runtime_context().get_node_id()
         serve.shutdown()
         ray.shutdown()
+        stop_haproxy(node_id)
 
     print(f"{'C':>3} {'where':>8} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>8} {'tick':>6}")
     best = {side: {c: combine(rs) for c, rs in by_c.items()} for side, by_c in runs.items()}

@@ -157,5 +157,9 @@ if __name__ == "__main__":
     print("RESULT " + json.dumps(result), flush=True)
     import ray
 
+    from tandem.serve.direct_http import stop_haproxy
+
+    node_id = ray.get_runtime_context().get_node_id()
     ray.shutdown()  # the local cluster's processes; Serve's own shutdown would wait 30 s on its controller
+    print(f"HAPROXY_STOPPED {stop_haproxy(node_id)}", flush=True)
     os._exit(0)

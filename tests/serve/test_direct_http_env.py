@@ -24,3 +24,24 @@ def test_several_replicas_get_haproxy_on_the_port_and_ports_of_their_own_apart_f
         assert env["RAY_SERVE_HAPROXY_NBTHREAD"] == "2"
     monkeypatch.setenv("RAY_SERVE_HAPROXY_NBTHREAD", "6")
     assert direct_http_env(port, 2)["RAY_SERVE_HAPROXY_NBTHREAD"] == "6"  # the user's setting wins
+
+
+def test_stop_haproxy_kills_the_haproxy_of_that_node_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tandem.serve.direct_http import stop_haproxy
+
+    haproxy = tmp_path / "haproxy"  # a stand-in that lists as haproxy in /proc
+    os.symlink(sys.executable, haproxy)
+    sleep = "import time; time.sleep(60)"
+    ours = subprocess.Popen([str(haproxy), "-c", sleep, "-f", "/tmp/haproxy-serve/node-a/haproxy.cfg"])
+    other = subprocess.Popen([str(haproxy), "-c", sleep, "-f", "/tmp/haproxy-serve/node-b/haproxy.cfg"])
+    try:
+        assert stop_haproxy("node-a") == 1
+        assert ours.wait(10) != 0 and other.poll() is None
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tandem.actors.cluster import init_local_ray
     from tandem.serve.app import build_app
-    from tandem.serve.direct_http import haproxy_ports, start_serve, use_direct_http
+    from tandem.serve.direct_http import haproxy_ports, start_serve, stop_haproxy, use_direct_http
 
     try:
         app_args = serve_args(args)  # validate before starting anything
@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         # the cluster we start serves HTTP from the replica itself, or from HAProxy in front of several
         use_direct_http(args.port, app_args.ingress_replicas)
     started = init_local_ray(address=args.address, num_cpus=args.num_cpus)
+    node_id = ray.get_runtime_context().get_node_id()
     # after ray.init, which installs its own SIGTERM handler
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -123,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         _shutdown_serve(ray.get_runtime_context().gcs_address if started else None)
         if started:
             ray.shutdown()
+            stop_haproxy(node_id)  # what Serve's shutdown did not get to
         for s, h in previous.items():
             signal.signal(s, h)
 

@@ -21,6 +21,7 @@ serves through its proxy.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 
 
@@ -75,6 +76,28 @@ def use_direct_http(port: int, ingress_replicas: int = 1) -> None:
 def haproxy_ports() -> str:
     """Where this process's HAProxy shows its stats page and metrics (haproxy_env)."""
     return f"{os.environ.get('RAY_SERVE_HAPROXY_STATS_PORT')} (stats), {os.environ.get('RAY_SERVE_HAPROXY_METRICS_PORT')} (metrics)"
+
+
+def stop_haproxy(node_id: str) -> int:
+    """Kill what HAProxy processes Serve started for the node `node_id` (their config lies
+    in a folder named by it); how many. Serve stops HAProxy only when its own shutdown runs
+    to the end: a cluster stopped sooner leaves it running, still on the user's port and
+    on every interface. Call once the cluster is down."""
+    marker = f"/{node_id}/".encode()
+    killed = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if argv[0].endswith(b"/haproxy") and any(marker in arg for arg in argv[1:]):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
 
 
 def direct_http_port() -> int | None:
