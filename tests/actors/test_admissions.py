@@ -55,7 +55,7 @@ def test_batches_that_wait_for_a_tick_are_added_in_one_call_each_caller_gets_its
         waiting = [asyncio.ensure_future(admissions.submit([(None, None, f"{k}{i}", None) for i in range(n)]))
                    for k, n in (("a", 2), ("b", 3), ("c", 1))]
         await _until(lambda: len(admissions._waiting) == 3)
-        assert wake.is_set() and admissions.waiting()
+        assert wake.is_set() and admissions._waiting
         step.go.set()
         return await asyncio.gather(*waiting)
 
@@ -65,7 +65,7 @@ def test_batches_that_wait_for_a_tick_are_added_in_one_call_each_caller_gets_its
     assert calls == [["a0", "a1", "b0", "b1", "b2", "c0"]]  # one call, in the order handed over
     assert a == ["a0", "a1"] and c == ["c0"]
     assert b[:2] == ["b0", "b1"] and isinstance(b[2], ValueError) and "b2" in str(b[2])
-    assert not admissions.waiting()
+    assert not admissions._waiting
 
 
 def test_a_take_that_fails_fails_every_waiting_caller():
@@ -112,11 +112,11 @@ def test_shutting_down_fails_the_callers_still_waiting():
 
     async def run():
         waiting = asyncio.ensure_future(admissions.submit([(None, None, "r", None)]))
-        await _until(lambda: admissions.waiting())
+        await _until(lambda: admissions._waiting)
         admissions.fail_waiting(RuntimeError("shutting down"))
         with pytest.raises(RuntimeError, match="shutting down"):
             await waiting
-        assert not admissions.waiting()
+        assert not admissions._waiting
 
     asyncio.run(run())
 

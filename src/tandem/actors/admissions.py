@@ -33,9 +33,6 @@ class Admissions:
         self._wake.set()
         return await future
 
-    def waiting(self) -> bool:
-        return bool(self._waiting)
-
     def take_waiting(self) -> None:
         """The step thread, between ticks: every waiting batch in one call."""
         with self._lock:

@@ -25,7 +25,6 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager, asynccontextmanager
 
 from tandem.actors import output_channel
 from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings, error_output
@@ -137,24 +136,25 @@ def _tandem_error(e: Exception) -> Exception:
     return cause if isinstance(cause, TandemError) else e
 
 
-@contextmanager
-def _tandem_errors():
-    import ray
+class _tandem_errors:
+    """`with` or `async with` around calls on the scheduler actor: what they raise comes
+    out as _tandem_error makes it."""
 
-    try:
-        yield
-    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-        raise _tandem_error(e) from None
+    def __enter__(self):
+        return self
 
+    def __exit__(self, kind, e, tb):
+        import ray
 
-@asynccontextmanager
-async def _tandem_errors_async():
-    import ray
+        if isinstance(e, (ray.exceptions.RayTaskError, ray.exceptions.RayActorError)):
+            raise _tandem_error(e) from None
+        return False
 
-    try:
-        yield
-    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-        raise _tandem_error(e) from None
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, kind, e, tb):
+        return self.__exit__(kind, e, tb)
 
 
 class _Multiplexer:
@@ -233,7 +233,7 @@ class _Multiplexer:
         """The actor's socket when it is on this node, else None (Ray)."""
         import ray
 
-        async with _tandem_errors_async():
+        async with _tandem_errors():
             info = await self.actor.output_channel.remote()
         if info["path"] is None or info["node_id"] != ray.get_runtime_context().get_node_id():
             return None
@@ -252,7 +252,7 @@ class _Multiplexer:
         """One submission: what each request failed with, or None."""
         writer = self._writer
         if writer is None:
-            async with _tandem_errors_async():
+            async with _tandem_errors():
                 return await self.actor.submit_many.remote(requests, self.subscriber)
         return await self._write_submission(requests)
 
@@ -464,7 +464,7 @@ class TandemHandle:
             return out
         ref = self.actor.generate.remote(prompt, sp, rid, messages)
         try:
-            async with _tandem_errors_async():
+            async with _tandem_errors():
                 return await ref
         except BaseException:
             self.actor.abort.remote(rid)  # cancelled (client gone) or failed: free its slot
@@ -484,7 +484,7 @@ class TandemHandle:
         finished = False
         whole = as_received(deltas_only)
         try:
-            async with _tandem_errors_async():
+            async with _tandem_errors():
                 async for ref in gen:
                     out = from_wire(await ref)
                     finished = out.finished
