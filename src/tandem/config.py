@@ -1,13 +1,18 @@
 """EngineConfig: how an engine is built, checked when built."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.drafters.factory import RANK_DRAFTERS, check_drafter_name
 from tandem.errors import InvalidRequestError
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4  # when the drafter has no block size of its own
 MAX_NUM_SPECULATIVE_TOKENS = 16
+
+
+def _option(default, help: str):
+    """A config field with its help text (the README's configuration table reads it)."""
+    return field(default=default, metadata={"help": help})
 
 
 class _DefaultGamma(int):
@@ -17,23 +22,21 @@ class _DefaultGamma(int):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # None = the default model (SmolLM2-135M-Instruct)
-    drafter: str = "ngram"  # none | ngram | draft-model | dflash
-    draft_model: str | None = None  # for drafter="draft-model"
-    dflash_checkpoint: str | None = None  # for drafter="dflash": a checkpoint folder; None = the shipped weights
-    # the most drafts a sequence gets per round; None = block_size - 1 of the DFlash
-    # checkpoint for drafter="dflash", else DEFAULT_NUM_SPECULATIVE_TOKENS
-    num_speculative_tokens: int | None = None
-    adaptive: bool = True  # adapt gamma per sequence and cap it per batch
-    max_num_seqs: int = 32  # KV slots = sequences running at once
-    max_seq_len: int = 1024  # context per slot (prompt + output)
-    row_budget: int = 256  # most rows in one target forward
-    shards: int = 1  # target ranks: 1 = in process, N > 1 = N gRPC shard processes
-    device: str = "auto"
-    dtype: str = "auto"
-    max_verify_failures: int = 3
-    ngram_max: int = 4
-    ngram_min: int = 1
+    model: str | None = _option(None, "Target model: a known name (smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder, a .gguf file, or a hub name. None = SmolLM2-135M-Instruct.")
+    drafter: str = _option("ngram", "Who proposes drafts: none, ngram, draft-model or dflash.")
+    draft_model: str | None = _option(None, "The draft model for drafter='draft-model'; must share the target's tokenizer.")
+    dflash_checkpoint: str | None = _option(None, "For drafter='dflash': a checkpoint folder (config.json + *.safetensors); None = the weights shipped for the model.")
+    num_speculative_tokens: int | None = _option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.")
+    adaptive: bool = _option(True, "Adapt the draft count per sequence (by its acceptance) and cap it per batch (by measured forward costs).")
+    max_num_seqs: int = _option(32, "Sequences running at once (KV slots per rank).")
+    max_seq_len: int = _option(1024, "Context per sequence: prompt + output.")
+    row_budget: int = _option(256, "Most rows in one target forward (n sequences x k rows).")
+    shards: int = _option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).")
+    device: str = _option("auto", "auto (a GPU when there is one), cpu, cuda.")
+    dtype: str = _option("auto", "Weights dtype: auto (bf16 on a GPU, float32 on the CPU), float32, bfloat16.")
+    max_verify_failures: int = _option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.")
+    ngram_max: int = _option(4, "Longest n-gram the ngram drafter looks up in the context.")
+    ngram_min: int = _option(1, "Shortest n-gram the ngram drafter looks up.")
 
     def __post_init__(self) -> None:
         check_drafter_name(self.drafter)
