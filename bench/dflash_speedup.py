@@ -23,8 +23,6 @@ Drafter "dflash-eager" is dflash with its CUDA graphs off (TANDEM_DFLASH_CUDA_GR
 Besides tokens/s each row reports the mean milliseconds of an engine tick (a verify
 round), of its verify forward and of its propose. The table comes first; the last line
 is one JSON object with every row.
-
-(bench/spec_speedup.py, when it exists, can call run() with drafter "dflash".)
 """
 from __future__ import annotations
 

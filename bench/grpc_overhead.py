@@ -8,11 +8,12 @@ difference of the median tick times is the control-path overhead (target: <= 1 m
 The target is a tiny random Llama (2 layers), so the forward is about a millisecond and
 the overhead is not lost in the forward's noise; the control path does not depend on
 the model's size. The groups take turns, round by round, so a busy machine slows them
-alike. The gRPC group sends the tick's commands on one Session stream per rank and
-waits for the verdict's acknowledgement in each tick (what an embedded engine on gRPC
-shards does); "verdict riding" leaves it to ride on the next tick's verify (one message
-a tick: what the scheduler actor's engine does, its outputs leaving mid-tick); the same
-group with unary calls is shown for comparison. The two-rank group (tensor parallel 2,
+alike. The gRPC group sends the tick's commands on one Session per rank (with
+GrpcShardGroup's defaults: over the rank's Unix session socket on this host, not a gRPC
+stream) and waits for the verdict's acknowledgement in each tick (what an embedded
+engine on shard processes does); "verdict riding" leaves it to ride on the next tick's
+verify (one message a tick: what the scheduler actor's engine does, its outputs leaving
+mid-tick); the same group with unary calls is shown for comparison. The two-rank group (tensor parallel 2,
 gloo) is shown for information: its ticks also pay the forward's all-reduces, which are
 not control path.
 

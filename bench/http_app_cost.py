@@ -7,8 +7,8 @@ cost in the app adds to the first token of every request behind it. This drives 
 app's ASGI callable directly (no sockets, no Serve, no engine: a backend that answers
 at once with `--chunks` one-token outputs) and reports the microseconds a whole
 streamed /v1/completions request takes, against the same request through a bare
-FastAPI route with a StreamingResponse (what the endpoint cost before it was plain
-ASGI). Prints a short table, then one JSON line.
+FastAPI route with a StreamingResponse (the usual way to write such an endpoint). Prints
+a short table, then one JSON line.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     backend = InstantBackend(args.chunks)
     apps = {"tandem app": create_app(backend), "FastAPI route": fastapi_baseline(backend)}
-    # take turns, best of three: load on the machine only ever slows a run down
+    # best of three runs each, one app after the other: load on the machine only ever slows a run down
     results = {name: min(asyncio.run(per_request_us(app, args.requests)) for _ in range(3)) for name, app in apps.items()}
     print(f"{'app':>14} {'us a streamed request':>22}")
     for name, us in results.items():

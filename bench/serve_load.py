@@ -10,9 +10,10 @@ max_tokens tokens; HTTP from the ingress replica, as `tandem serve` runs it, or 
 --through-proxy through Serve's proxy), and the same C requests go into an embedded
 Engine (one process, same config, all added at once, stepped in a loop) and through the
 Python handle of the served engine (Ray streaming generators without HTTP or Serve, to
-show where the time goes); with --grpc also into the embedded engine over one local gRPC
-shard process (no Ray: the control path alone). The sides alternate, so a change in the
-machine's load hits all alike. Per request:
+show where the time goes); with --grpc also into the embedded engine over one local
+shard process (no Ray: the control path alone; its Session over the rank's session
+socket unless --no-session-socket). The sides alternate, so a change in the machine's
+load hits all alike. Per request:
 
     ttft  time to first token: that request sent -> its first text chunk (each request
           from its own send, as vLLM's serving benchmark counts it; the n keep-alive
@@ -25,8 +26,8 @@ machine's load hits all alike. Per request:
 
 Prints a short table, then one JSON line whose keys per concurrency include
 added_latency_ms_p50 (served p50 TTFT - embedded p50 TTFT, the per-request overhead of
-HTTP + Serve + Ray + gRPC) and tokens_per_s_ratio (served / embedded). Targets: at most
-10 ms added p50 latency and a ratio of at least 0.9.
+HTTP + Serve + Ray + the shard process) and tokens_per_s_ratio (served / embedded).
+Targets: at most 10 ms added p50 latency and a ratio of at least 0.9.
 """
 from __future__ import annotations
 

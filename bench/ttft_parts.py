@@ -8,9 +8,10 @@ another (each read to its end before the next starts):
   ray call          a no-op async actor method, called and awaited (no model)
   ray stream        the first item of a no-op streaming actor method (no model)
   embedded          the engine in this process (LocalShardGroup)
-  embedded+grpc     the same engine on one `tandem shard` process over gRPC (no Ray)
+  embedded+grpc     the same engine on one `tandem shard` process (no Ray; its Session
+                    over the rank's session socket, GrpcShardGroup's default)
   handle in-proc    the Python handle, the rank inside the scheduler actor (Ray, no gRPC)
-  handle            the Python handle, the rank in a shard actor (Ray and gRPC: served minus HTTP)
+  handle            the Python handle, the rank in a shard actor (Ray and a shard process: served minus HTTP)
 The engines run on the CPU with one torch thread each, with the ngram drafter. What is
 added over `embedded` is the served path's cost before HTTP; serve_load.py adds HTTP.
 Prints a table, then one JSON line.

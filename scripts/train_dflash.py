@@ -36,8 +36,8 @@ propose then scores ~21k rows instead of 49k; ~14k with the narrower 16000-promp
 The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weights
 (src/tandem/drafters/dflash/weights/smollm2: 3 layers, intermediate 768, 8.3 M parameters,
 16.8 MB, draft vocabulary 20736) are the weights below trained on, warm-started, on a new
-corpus (held-out engine acceptance 2.923 -> 3.041; scripts/dflash_notes.md, session 7),
-on an nvidia-h200-x2, one process a GPU, back to back on one machine:
+corpus (held-out engine acceptance 3.041, against the 2.923 they started from: run C of
+scripts/dflash_notes.md, 2026-11-30), on a 2-GPU H200 host, one process a GPU, back to back:
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED \
       --num-prompts 16000 --extra-prompts 100000 --num-self-prompts 12000 --data-seed 1 \
@@ -71,7 +71,8 @@ on an nvidia-h200-x2, one process a GPU, back to back on one machine:
   Each sequence is seen ~11 times instead of ~40: four times the data per parameter
   closed much of the generalisation gap that the weights below showed.
 
-  History. The weights before these (draft vocabulary 13824, 16.7 MB) came from one run:
+  Run A of scripts/dflash_notes.md, the baseline of B (draft vocabulary 13824, 16.7 MB), came
+  from one run:
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --engine-baseline \
       --num-prompts 16000 --gen-batch 4000 --max-steps 6800 --train-seconds 100000
