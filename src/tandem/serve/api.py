@@ -17,8 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tandem.serve import generation, openapi_doc
 from tandem.serve.errors import APIError, bad_request
 from tandem.serve.generation import Backend, GenerationApp, check_api_key
+from tandem.serve.limits import ServeLimits
 
 log = logging.getLogger("tandem.serve")
 
@@ -30,11 +32,15 @@ def create_app(
     api_key: str | None = None,
     max_tokens_limit: int = 1024,
     default_chat_max_tokens: int | None = None,
+    limits: ServeLimits | None = None,
 ) -> GenerationApp:
     """The ASGI app serving `backend` under the model id `model_name`: the generation
-    endpoints in plain ASGI (tandem.serve.generation), the rest in FastAPI."""
+    endpoints in plain ASGI (tandem.serve.generation), the rest in FastAPI. `limits`
+    (ServeLimits.from_args(TandemServeArgs)) replaces max_tokens_limit where given."""
     model_name = model_name or backend.model_name
-    chat_default = default_chat_max_tokens or max_tokens_limit
+    if limits is None:
+        limits = ServeLimits(max_tokens_limit=max_tokens_limit, max_body_bytes=generation.MAX_BODY_BYTES)
+    chat_default = default_chat_max_tokens or limits.max_tokens_limit
     app = FastAPI(title="tandem", description="OpenAI-compatible speculative-decoding server.")
 
     # ---- errors as OpenAI bodies ----------------------------------------------------------
@@ -74,5 +80,6 @@ def create_app(
         engine = await backend.ametrics()
         return Response(engine, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return GenerationApp(backend, app, model_name=model_name, api_key=api_key, max_tokens_limit=max_tokens_limit,
+    openapi_doc.install(app, limits)
+    return GenerationApp(backend, app, model_name=model_name, api_key=api_key, limits=limits,
                          chat_default_max_tokens=chat_default)

@@ -35,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=32, help=fields["max_num_seqs"].description)
     p.add_argument("--max-seq-len", type=int, default=1024, help=fields["max_seq_len"].description)
     p.add_argument("--max-tokens-limit", type=int, default=1024, help=fields["max_tokens_limit"].description)
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, metavar="BYTES", help=fields["max_body_bytes"].description)
+    p.add_argument("--max-prompt-chars", type=int, default=None, metavar="N", help=fields["max_prompt_chars"].description)
+    p.add_argument("--max-stop-strings", type=int, default=4, metavar="N", help=fields["max_stop_strings"].description)
+    p.add_argument("--max-stop-chars", type=int, default=256, metavar="N", help=fields["max_stop_chars"].description)
+    p.add_argument("--max-waiting-requests", type=int, default=128, metavar="N", help=fields["max_waiting_requests"].description)
     p.add_argument("--device", default="auto", help=fields["device"].description)
     p.add_argument("--dtype", default="auto", help=fields["dtype"].description)
     p.add_argument("--in-process-target", action="store_true", help=fields["in_process_target"].description)
@@ -66,6 +71,11 @@ def serve_args(args: argparse.Namespace) -> TandemServeArgs:
         max_num_seqs=args.max_num_seqs,
         max_seq_len=args.max_seq_len,
         max_tokens_limit=args.max_tokens_limit,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_chars=args.max_prompt_chars,
+        max_stop_strings=args.max_stop_strings,
+        max_stop_chars=args.max_stop_chars,
+        max_waiting_requests=args.max_waiting_requests,
         device=args.device,
         dtype=args.dtype,
         api_key=args.api_key,

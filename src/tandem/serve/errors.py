@@ -3,6 +3,9 @@
     InvalidRequestError, a malformed body  -> 400 invalid_request_error (param = the field)
     wrong or missing API key               -> 401
     unknown model                          -> 404 model_not_found
+    a body over max_body_bytes             -> 413 body_too_large (tandem.serve.request_body)
+    a Content-Type other than JSON         -> 415 unsupported_media_type
+    past the bound on requests held        -> 429 rate_limit_error with Retry-After
     EngineUnavailableError (recovering)    -> 503 with Retry-After
     a request whose batch failed           -> 500 server_error (in a stream: an error event)
 """

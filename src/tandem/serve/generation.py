@@ -23,11 +23,13 @@ from pydantic import ValidationError
 from tandem.outputs import RequestOutput
 from tandem.serve import openai_protocol as proto
 from tandem.serve.errors import APIError, bad_request, from_exception, from_validation, generation_failed
+from tandem.serve.limits import RETRY_AFTER_S, ServeLimits
+from tandem.serve.request_body import ClientGone, check_content_type, check_text, parse_object, read_body
 from tandem.serve.sse_chunks import ChatChunks, CompletionChunks, TextDeltas, data_line
 
 log = logging.getLogger("tandem.serve")
 
-MAX_BODY_BYTES = 8 << 20  # a prompt of a long context, as text or token ids, fits many times over
+MAX_BODY_BYTES = ServeLimits.max_body_bytes  # create_app's default, when it is given no limits
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
 
@@ -48,11 +50,13 @@ class Backend(Protocol):
 class GenerationApp:
     """ASGI: the two generation endpoints; every other request goes to `fallback`."""
 
-    def __init__(self, backend: Backend, fallback, *, model_name: str, api_key: str | None, max_tokens_limit: int,
+    def __init__(self, backend: Backend, fallback, *, model_name: str, api_key: str | None, limits: ServeLimits,
                  chat_default_max_tokens: int):
         self.backend, self.fallback = backend, fallback
         self.model_name, self.api_key = model_name, api_key
-        self.max_tokens_limit, self.chat_default = max_tokens_limit, chat_default_max_tokens
+        self.limits, self.chat_default = limits, chat_default_max_tokens
+        self.max_tokens_limit = limits.max_tokens_limit
+        self.in_flight = 0  # generation requests this app holds, from their headers to their last byte
         self.routes = {"/v1/completions": self._completion, "/v1/chat/completions": self._chat}
 
     async def __call__(self, scope, receive, send) -> None:
@@ -60,13 +64,25 @@ class GenerationApp:
         if route is None:
             await self.fallback(scope, receive, send)
             return
+        self.in_flight += 1
+        try:
+            await self._serve(route, scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _serve(self, route, scope, receive, send) -> None:
         try:
             if scope["method"] != "POST":
                 raise APIError(405, f"{scope['method']} is not allowed here; use POST", "invalid_request_error",
                                code="method_not_allowed", headers={"Allow": "POST"})
             self._authorize(scope)
-            started = await route(await _read_body(receive))
-        except _ClientGone:
+            if self.in_flight > self.limits.max_in_flight:
+                raise APIError(429, f"this server holds {self.limits.max_in_flight} requests (running and waiting) "
+                               "already; retry shortly", "rate_limit_error", code="too_many_waiting_requests",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+            check_content_type(scope["headers"])
+            started = await route(await read_body(scope["headers"], receive, self.limits.max_body_bytes))
+        except ClientGone:
             return
         except Exception as e:  # noqa: BLE001 - every error before the stream is an OpenAI error body
             err = from_exception(e)
@@ -84,16 +100,12 @@ class GenerationApp:
             check_api_key(next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1"), self.api_key)
 
     def _parse(self, body: bytes, model_cls):
-        try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
-        if not isinstance(raw, dict):
-            raise bad_request("the body must be a JSON object", code="invalid_json")
+        raw = parse_object(body)
         try:
             req = model_cls.model_validate(raw)
         except ValidationError as e:
             raise from_validation(e) from None
+        check_text(body, raw)
         if req.model != self.model_name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            "invalid_request_error", param="model", code="model_not_found")
@@ -102,6 +114,7 @@ class GenerationApp:
     async def _completion(self, body: bytes):
         req = self._parse(body, proto.CompletionRequest)
         prompt = req.single_prompt()
+        self._check_prompt_chars(len(prompt) if isinstance(prompt, str) else 0, "prompt")
         rid, created = proto.new_id("cmpl"), int(time.time())
         chunks = CompletionChunks(rid, self.model_name, created, req.include_usage)
         return await self._start(req, 16, prompt, None, chunks,
@@ -110,16 +123,25 @@ class GenerationApp:
     async def _chat(self, body: bytes):
         req = self._parse(body, proto.ChatCompletionRequest)
         messages = req.template_messages()
+        self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         rid, created = proto.new_id("chatcmpl"), int(time.time())
         chunks = ChatChunks(rid, self.model_name, created, req.include_usage)
         return await self._start(req, self.chat_default, None, messages, chunks,
                                  lambda out: proto.chat_response(rid, self.model_name, out))
 
+    def _check_prompt_chars(self, chars: int, field: str) -> None:
+        # before the tokenizer, which runs on the engine's step thread: a huge text stalls every stream
+        if chars > self.limits.max_prompt_chars:
+            raise bad_request(f"{field}: {chars} characters of prompt text are over this server's limit of "
+                              f"{self.limits.max_prompt_chars} (no prompt that long fits the context; send token ids "
+                              "to give a prompt of rare long tokens)", param=field, code="prompt_too_long")
+
     async def _start(self, req, default_max_tokens: int, prompt, messages, chunks, as_json):
         """The JSON body of a whole response, or what its stream starts from (its first
         output). Errors before the first output (bad input, recovering) raise: they are
         plain HTTP errors, not a stream's error event."""
-        params = req.sampling_params(default_max_tokens, self.max_tokens_limit)
+        params = req.sampling_params(default_max_tokens, self.max_tokens_limit, max_stop_strings=self.limits.max_stop_strings,
+                                     max_stop_chars=self.limits.max_stop_chars)
         if not req.stream:
             out = await self.backend.agenerate(prompt, params, messages=messages)
             if out.finish_reason == "error":
@@ -204,30 +226,12 @@ async def sse_events(first: RequestOutput, outputs: AsyncIterator[RequestOutput]
 
 
 async def send_json(send, status: int, body: dict, headers: dict | None = None) -> None:
-    data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    # "replace": an error body may quote a client's text, which need not encode
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
     extra = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]})
     await send({"type": "http.response.body", "body": data})
-
-
-async def _read_body(receive) -> bytes:
-    parts, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        part = message.get("body", b"")
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"the body is over {MAX_BODY_BYTES} bytes", "invalid_request_error", code="body_too_large")
-        parts.append(part)
-        if not message.get("more_body", False):
-            return b"".join(parts)
-
-
-class _ClientGone(Exception):
-    """The client went away before its request was read: nothing to answer."""
 
 
 async def _disconnected(receive) -> None:

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Bounds of the numbers a request may carry: past them a number is a client's mistake (and
+# would overflow the int32 / int64 fields it travels in to the shard ranks).
+INT32_MAX = (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_STOP_TOKEN_IDS = 256
 
 from tandem.errors import InvalidRequestError
 from tandem.outputs import RequestOutput
@@ -30,23 +36,25 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str = Field(description="The served model's id, as GET /v1/models lists it.")
-    max_tokens: int | None = Field(None, description="Most tokens to generate.")
-    temperature: float | None = Field(None, description="0 = greedy; default 1.")
-    top_p: float | None = Field(None, description="Nucleus sampling mass, in (0, 1].")
-    seed: int | None = Field(None, description="Seed of the sampler, for reproducible sampling.")
-    stop: str | list[str] | None = Field(None, description="Up to 4 strings that end the generation (not included).")
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Most tokens to generate (at most the server's max_tokens_limit).")
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False, description="0 = greedy; default 1.")
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False, description="Nucleus sampling mass, in (0, 1].")
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="Seed of the sampler, for reproducible sampling.")
+    stop: str | list[str] | None = Field(None, description="Strings that end the generation (not included): up to the server's max_stop_strings (4), each non-empty and at most max_stop_chars (256) long.")
     stream: bool = Field(False, description="Send Server-Sent Events as tokens are produced.")
     stream_options: StreamOptions | None = None
     n: int = Field(1, description="Choices per request; only 1 is supported.")
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, allow_inf_nan=False, description="Only 0 is supported.")
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False, description="Only 0 is supported.")
     user: str | None = None
     # extensions
-    top_k: int = Field(0, description="Sample from the k most likely tokens (0 = off).")
+    top_k: int = Field(0, ge=0, le=INT32_MAX, description="Sample from the k most likely tokens (0 = off).")
     ignore_eos: bool = Field(False, description="Keep generating past the end-of-sequence token.")
-    stop_token_ids: list[int] | None = Field(None, description="Token ids that end the generation.")
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = Field(
+        None, max_length=MAX_STOP_TOKEN_IDS, description="Token ids that end the generation.")
 
-    def sampling_params(self, default_max_tokens: int, max_tokens_limit: int) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int, max_tokens_limit: int, *, max_stop_strings: int = 4,
+                        max_stop_chars: int = 256) -> SamplingParams:
         if self.n != 1:
             raise InvalidRequestError("n", "only n=1 is supported")
         if self.presence_penalty or self.frequency_penalty:
@@ -59,8 +67,10 @@ class _Sampling(BaseModel):
         if max_tokens > max_tokens_limit:
             raise InvalidRequestError("max_tokens", f"{max_tokens} is over this server's limit of {max_tokens_limit}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stop) > 4:
-            raise InvalidRequestError("stop", f"at most 4 stop strings, got {len(stop)}")
+        if len(stop) > max_stop_strings:
+            raise InvalidRequestError("stop", f"at most {max_stop_strings} stop strings, got {len(stop)}")
+        if any(len(s) > max_stop_chars for s in stop):
+            raise InvalidRequestError("stop", f"a stop string is over this server's limit of {max_stop_chars} characters")
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
