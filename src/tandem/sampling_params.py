@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from tandem.errors import InvalidRequestError
 
+INT32_MAX = 2**31 - 1  # top_k and token ids travel to the shard ranks as int32
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -37,16 +39,16 @@ class SamplingParams:
             raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidRequestError("top_k", f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= INT32_MAX:
+            raise InvalidRequestError("top_k", f"must be an integer in [0, {INT32_MAX}] (0 = off), got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise InvalidRequestError("stop", f"stop strings must be non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise InvalidRequestError("stop_token_ids", f"must be token ids >= 0, got {t!r}")
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT32_MAX:
+                raise InvalidRequestError("stop_token_ids", f"must be token ids in [0, {INT32_MAX}], got {t!r}")
 
     @property
     def greedy(self) -> bool:
