@@ -26,19 +26,29 @@ def test_several_replicas_get_haproxy_on_the_port_and_ports_of_their_own_apart_f
     assert direct_http_env(port, 2)["RAY_SERVE_HAPROXY_NBTHREAD"] == "6"  # the user's setting wins
 
 
+def _shows_argv(pid: int, arg: str) -> bool:
+    """Whether /proc lists `arg` in the process's command line: Popen returns once the
+    exec has begun, before the kernel has set the new command line up (it reads empty)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return arg.encode() in f.read().split(b"\0")
+
+
 def test_stop_haproxy_kills_the_haproxy_of_that_node_only(tmp_path):
     import os
     import subprocess
     import sys
 
+    from polling import wait_for
     from tandem.serve.direct_http import stop_haproxy
 
     haproxy = tmp_path / "haproxy"  # a stand-in that lists as haproxy in /proc
     os.symlink(sys.executable, haproxy)
     sleep = "import time; time.sleep(60)"
-    ours = subprocess.Popen([str(haproxy), "-c", sleep, "-f", "/tmp/haproxy-serve/node-a/haproxy.cfg"])
-    other = subprocess.Popen([str(haproxy), "-c", sleep, "-f", "/tmp/haproxy-serve/node-b/haproxy.cfg"])
+    configs = {node: f"/tmp/haproxy-serve/{node}/haproxy.cfg" for node in ("node-a", "node-b")}
+    ours, other = (subprocess.Popen([str(haproxy), "-c", sleep, "-f", cfg]) for cfg in configs.values())
     try:
+        for p, cfg in zip((ours, other), configs.values()):
+            wait_for(lambda p=p, cfg=cfg: _shows_argv(p.pid, cfg), 30, f"stand-in {p.pid} to list {cfg} in /proc")
         assert stop_haproxy("node-a") == 1
         assert ours.wait(10) != 0 and other.poll() is None
     finally:
