@@ -19,8 +19,9 @@ def test_several_replicas_get_haproxy_on_the_port_and_ports_of_their_own_apart_f
         assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
         replicas = range(int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]), int(env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]))
         assert len(replicas) >= 3 and port not in replicas
-        stats, metrics = int(env["RAY_SERVE_HAPROXY_STATS_PORT"]), int(env["RAY_SERVE_HAPROXY_METRICS_PORT"])
-        assert len({stats, metrics, port}) == 3 and stats not in replicas and metrics not in replicas
+        others = [int(env[f"RAY_SERVE_{name}_PORT"]) for name in ("HAPROXY_STATS", "HAPROXY_METRICS",
+                                                                    "FALLBACK_PROXY_HTTP", "FALLBACK_PROXY_GRPC")]
+        assert len({*others, port}) == 5 and not any(p in replicas for p in others)
         assert env["RAY_SERVE_HAPROXY_NBTHREAD"] == "2"
     monkeypatch.setenv("RAY_SERVE_HAPROXY_NBTHREAD", "6")
     assert direct_http_env(port, 2)["RAY_SERVE_HAPROXY_NBTHREAD"] == "6"  # the user's setting wins
