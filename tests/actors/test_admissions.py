@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from polling import until
 from tandem.actors.admissions import Admissions
 
 
@@ -38,13 +39,6 @@ def _engine(calls: list, refuse: str = "", fail: bool = False):
     return take
 
 
-async def _until(predicate, timeout_s: float = 5.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.005)
-
-
 def test_batches_that_wait_for_a_tick_are_added_in_one_call_each_caller_gets_its_own_answers():
     calls, wake = [], threading.Event()
     admissions = Admissions(_engine(calls, refuse="b2"), lambda rid: None, wake)
@@ -54,7 +48,7 @@ def test_batches_that_wait_for_a_tick_are_added_in_one_call_each_caller_gets_its
         # the step thread is "in a tick" until told to take: three submissions pile up
         waiting = [asyncio.ensure_future(admissions.submit([(None, None, f"{k}{i}", None) for i in range(n)]))
                    for k, n in (("a", 2), ("b", 3), ("c", 1))]
-        await _until(lambda: len(admissions._waiting) == 3)
+        await until(lambda: len(admissions._waiting) == 3, 30, "three submissions waiting")
         assert wake.is_set() and admissions._waiting
         step.go.set()
         return await asyncio.gather(*waiting)
@@ -75,7 +69,7 @@ def test_a_take_that_fails_fails_every_waiting_caller():
 
     async def run():
         waiting = [asyncio.ensure_future(admissions.submit([(None, None, rid, None)])) for rid in ("x", "y")]
-        await _until(lambda: len(admissions._waiting) == 2)
+        await until(lambda: len(admissions._waiting) == 2, 30, "two submissions waiting")
         step.go.set()
         return await asyncio.gather(*waiting, return_exceptions=True)
 
@@ -93,12 +87,12 @@ def test_what_was_taken_for_a_caller_that_left_is_aborted():
     async def run():
         left = asyncio.ensure_future(admissions.submit([(None, None, "r0", None), (None, None, "r1", None)]))
         stays = asyncio.ensure_future(admissions.submit([(None, None, "r2", None)]))
-        await _until(lambda: len(admissions._waiting) == 2)
+        await until(lambda: len(admissions._waiting) == 2, 30, "two submissions waiting")
         left.cancel()
         await asyncio.sleep(0)
         step.go.set()
         answer = await stays
-        await _until(lambda: aborted)
+        await until(lambda: aborted, 30, "an abort of what was taken for the caller that left")
         return answer
 
     assert asyncio.run(run()) == ["r2"]
@@ -112,7 +106,7 @@ def test_shutting_down_fails_the_callers_still_waiting():
 
     async def run():
         waiting = asyncio.ensure_future(admissions.submit([(None, None, "r", None)]))
-        await _until(lambda: admissions._waiting)
+        await until(lambda: admissions._waiting, 30, "a submission waiting")
         admissions.fail_waiting(RuntimeError("shutting down"))
         with pytest.raises(RuntimeError, match="shutting down"):
             await waiting

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from polling import until, wait_for
 from tandem.errors import InvalidRequestError
 
 from .conftest import TP2_ENGINE_NAME
@@ -65,12 +66,7 @@ def test_bad_input_raises_tandems_own_error_naming_the_field(tp2):
 def test_leaving_a_stream_early_aborts_the_request(tp2):
     for out in tp2.stream("Count to one hundred: 1, 2, 3,", max_tokens=200, temperature=0.0):
         break
-    import time
-
-    deadline = time.monotonic() + 10
-    while tp2.health()["running"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert tp2.health()["running"] == 0
+    wait_for(lambda: tp2.health()["running"] == 0, 30, "the engine to stop the left stream's request")
 
 
 def test_a_handle_works_from_another_ray_task_and_by_name(tp2):
@@ -112,8 +108,6 @@ def test_multiplexed_streams_share_one_subscription_and_keep_their_text(tp2, dir
 def test_a_closed_output_socket_aborts_its_subscribers_requests(tp2):
     """A server whose process goes away closes its socket: the engine stops generating
     for its requests (as when a Ray subscription ends)."""
-    import time
-
     mux = tp2.multiplexed()
 
     async def run():
@@ -121,9 +115,9 @@ def test_a_closed_output_socket_aborts_its_subscribers_requests(tp2):
         first = await stream.__anext__()
         assert mux._mux().over_socket and tp2.health()["running"] == 1
         mux._mux().pump.cancel()  # its socket closes; the stream itself is not closed
-        deadline = time.monotonic() + 10
-        while tp2.health()["running"] and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        # (awaited on this loop: the stream, left open, would abort its request when closed)
+        await until(lambda: tp2.health()["running"] == 0, 30, "the engine to stop the closed socket's request",
+                    every_s=0.05)
         return first, tp2.health()
 
     first, health = asyncio.run(run())
@@ -231,8 +225,6 @@ def test_a_multiplexed_stream_cancelled_while_its_submission_waits_leaves_nothin
     """A client that leaves while its request waits behind a submission on its way: the
     others still get their text, and nothing is left running (the request is not sent,
     or its abort stops it)."""
-    import time
-
     mux = tp2.multiplexed(direct)
 
     async def one(prompt, max_tokens):
@@ -251,9 +243,7 @@ def test_a_multiplexed_stream_cancelled_while_its_submission_waits_leaves_nothin
         return texts
 
     assert all(asyncio.run(run()))
-    deadline = time.monotonic() + 5
-    while (tp2.health()["running"] or tp2.health()["waiting"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: not (h := tp2.health())["running"] and not h["waiting"], 30, "nothing running or waiting")
     health = tp2.health()
     assert health["running"] == 0 and health["waiting"] == 0, health
 

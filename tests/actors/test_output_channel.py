@@ -7,6 +7,7 @@ import asyncio
 import threading
 from contextlib import asynccontextmanager
 
+from polling import until
 from tandem.actors import output_channel
 from tandem.actors.output_channel import OUTPUTS, SUBMIT, SUBMITTED, OutputChannels, frame
 from tandem.actors.wire import Rebuilder, from_wire
@@ -72,10 +73,7 @@ def test_frames_arrive_whole_and_in_order_while_the_reader_lags_and_only_routed_
                 if n == ticks:
                     break
             writer.close()
-            for _ in range(100):  # the actor side sees the end
-                if closed:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: closed, 30, "the actor side to see the socket closed")
             return got, returned, routes
 
     got, returned, routes = asyncio.run(run())
@@ -229,10 +227,7 @@ def test_a_subscriber_that_stops_reading_is_cut_off_and_its_requests_aborted(mon
             t0 = asyncio.get_running_loop().time()
             await asyncio.to_thread(step_thread)
             took = asyncio.get_running_loop().time() - t0
-            for _ in range(200):
-                if closed:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: closed, 30, "the actor side to drop the subscriber that reads nothing")
             still = channels.has("stuck")
             writer.close()
             return took, still

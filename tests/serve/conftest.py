@@ -3,10 +3,11 @@ starting it takes most of these tests' time: the default model, one shard actor,
 drafting."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import pytest
+
+from polling import wait_for
 
 APP_ENGINE_NAME = "tandem-test-app"
 MAX_TOKENS_LIMIT = 256
@@ -24,7 +25,6 @@ class Server:
 
 @pytest.fixture(scope="session")
 def server(ray_cluster) -> Server:
-    import httpx
     from ray import serve
 
     from tandem.serve import build_app
@@ -42,18 +42,9 @@ def server(ray_cluster) -> Server:
         "engine_actor_name": APP_ENGINE_NAME,
     })
     serve.run(app, name="tandem", route_prefix="/", blocking=False)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    else:
-        pytest.fail("the served app did not become healthy within 300 s")
-    yield Server(base, "smollm2")
+    served = Server(f"http://127.0.0.1:{port}", "smollm2")
+    wait_healthy(served, 300)
+    yield served
     serve.delete("tandem")
 
 
@@ -65,14 +56,14 @@ def openai_client(server):
 
 
 def wait_healthy(server: Server, timeout_s: float = 180.0) -> None:
+    wait_for(lambda: _healthy(server), timeout_s, f"the app at {server.base_url} to answer /health with 200",
+             every_s=0.5)
+
+
+def _healthy(server: Server) -> bool:
     import httpx
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(server.base_url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"the app did not become healthy within {timeout_s:.0f} s")
+    try:
+        return httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+    except httpx.HTTPError:  # not listening yet
+        return False

@@ -19,6 +19,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import httpx  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for polling
+from polling import wait_for  # noqa: E402
+
 BODY = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
 LONG = {"model": "smollm2", "prompt": "Count to one hundred: 1, 2, 3,", "max_tokens": 150, "temperature": 0,
         "ignore_eos": True}
@@ -54,25 +57,54 @@ def lose_engine(base: str, replicas: int) -> dict:
 
     url = base + "/v1/completions"
     before = httpx.post(url, json=BODY, timeout=60).json()["choices"][0]["text"]
-    ray.kill(ray.get_actor("lose-me", namespace="tandem"))
+    engine = ray.get_actor("lose-me", namespace="tandem")
+    ray.kill(engine)
     killed = time.monotonic()
-    outage = []  # (status, Retry-After, error type) until the first 200
+    # ray.kill returns before the actor is dead: a request sent sooner may still be served
+    wait_for(lambda: dead(engine), 60, "the killed scheduler actor to be dead")
+    outage = []  # what each response said until the first 200
+    took = []  # how long each request took, that 200 too
     while time.monotonic() - killed < 240:
+        sent = time.monotonic()
         r = httpx.post(url, json=BODY, timeout=60)
+        took.append(time.monotonic() - sent)
         if r.status_code == 200:
             break
-        outage.append((r.status_code, r.headers.get("retry-after"), r.json().get("error", {}).get("type")))
-        time.sleep(0.5)
+        outage.append(said(r))
+        time.sleep(0.5)  # the client's pace between retries, not a wait for a condition
     back_s = time.monotonic() - killed
     status = wait_running(killed)
     after = [httpx.post(url, json=BODY, timeout=60) for _ in range(2 * replicas + 2)]
     return {
         "before": before,
         "outage": outage,
+        "took_s": took,
         "back_s": back_s,
         "status": status,
         "after": [(r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text) for r in after],
     }
+
+
+def dead(actor) -> bool:
+    import ray
+
+    try:
+        ray.get(actor.health.remote(), timeout=10)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:  # dying: it answers no more
+        pass
+    return False
+
+
+def said(r: httpx.Response) -> tuple:
+    """(status, Retry-After, the OpenAI error type), or for a body that is not JSON
+    (status, Retry-After, "not JSON", its content type, its start)."""
+    try:
+        kind = r.json()["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return r.status_code, r.headers.get("retry-after"), "not JSON", r.headers.get("content-type"), r.text[:200]
+    return r.status_code, r.headers.get("retry-after"), kind
 
 
 def replica_ports(replicas: int) -> list[int]:
@@ -127,9 +159,7 @@ def lose_ingress(base: str, replicas: int) -> dict:
     threads = [threading.Thread(target=stream, args=(port, into)) for port, into in zip(ports, seen)]
     for t in threads:
         t.start()
-    started = time.monotonic()
-    while not all(into.get("first") for into in seen) and time.monotonic() - started < 60:
-        time.sleep(0.01)
+    wait_for(lambda: all(into.get("first") for into in seen), 60, "a first chunk on both streams", every_s=0.01)
     # one replica goes: one stream, on one of the two ports, must end and the other go on
     replica = next(a for a in ray.util.list_named_actors(all_namespaces=True) if "tandem-openai" in a["name"])
     ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)

@@ -136,6 +136,17 @@ def _tandem_error(e: Exception) -> Exception:
     return cause if isinstance(cause, TandemError) else e
 
 
+def _engine_gone(e: Exception) -> bool:
+    """Whether a broken output stream says the scheduler actor is gone: its socket reset
+    or closed mid-frame, or Ray's stream from it (or the call that opens it) lost the actor."""
+    import ray
+
+    if isinstance(e, EngineUnavailableError):
+        return True
+    return isinstance(e, (OSError, EOFError, ray.exceptions.RayActorError)) and not isinstance(
+        e, ray.exceptions.RayTaskError)
+
+
 class _tandem_errors:
     """`with` or `async with` around calls on the scheduler actor: what they raise comes
     out as _tandem_error makes it."""
@@ -197,6 +208,11 @@ class _Multiplexer:
 
     async def _run(self) -> None:
         why = "the engine's output stream ended"
+        # what a submission still waiting for its reply fails with: the actor's end of the
+        # stream closed (it died or stopped) first, so a client may retry (503) once a
+        # served app has started a new engine (what the engine took of it, its stream's
+        # end aborts)
+        lost: type[Exception] = EngineUnavailableError
         try:
             channel = await self._open_channel() if self.direct else None
             if channel is not None:
@@ -217,13 +233,15 @@ class _Multiplexer:
                     self._route(await ref)
         except Exception as e:  # noqa: BLE001 - every waiting request learns of it
             why = f"the engine's output stream failed: {type(e).__name__}: {e}"
+            if not _engine_gone(e):
+                lost = ConnectionError
         finally:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
             for reply in self._replies.values():
                 if not reply.done():
-                    reply.set_exception(ConnectionError(why))
+                    reply.set_exception(lost(why))
             self._replies.clear()
             self._subscribed.set()
         for rid, q in list(self.queues.items()):

@@ -5,17 +5,22 @@ Serve YAML config (serve run, KubeRay's serveConfigV2). It binds two deployments
 - tandem-engine, one replica that starts the engine (tandem.actors.start) when it is
   constructed, so the engine's actors live as long as that replica;
 - tandem-openai, the HTTP ingress: `ingress_replicas` replicas, each with its own
-  subscription to that engine. More than one takes a burst's HTTP on several processes
-  at once (Serve's HAProxy mode puts them behind one port).
+  subscription to that engine (taken again from tandem-engine when the engine is lost:
+  FollowedEngine). More than one takes a burst's HTTP on several processes at once
+  (Serve's HAProxy mode puts them behind one port).
 Both replicas reserve no CPU (num_cpus: 0); the engine's actors reserve what
 TandemServeArgs says.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
+import ray
 from ray import serve
 
+from tandem.errors import EngineUnavailableError
 from tandem.serve.args import TandemServeArgs
 
 log = logging.getLogger("tandem.serve")
@@ -60,8 +65,8 @@ class TandemEngine:
 
     async def engine_handle(self):
         """The engine's TandemHandle, for an ingress replica. A dead engine hands out
-        nothing: the asking replica fails to start and Serve tries it again, by when this
-        replica has failed its health check and a new engine is coming up."""
+        nothing: the asking replica (starting, or following a lost engine) asks again, by
+        when this replica has failed its health check and a new engine is coming up."""
         await self.handle.ahealth()
         return self.handle
 
@@ -79,26 +84,87 @@ class TandemEngine:
                 log.debug("engine shutdown: %s", e)
 
 
+class FollowedEngine:
+    """What an ingress replica serves: the engine's multiplexed handle, taken again from
+    the engine deployment once its scheduler actor is gone (Serve then replaces the engine
+    replica, whose health check fails). Meanwhile this replica stays up and answers 503
+    with Retry-After itself: were it to fail its health check too, Serve would restart
+    it, and until a replica is back HAProxy and Serve's proxy answer in plain text or hold
+    the request."""
+
+    def __init__(self, engine, handle):
+        self.engine = engine  # the engine deployment's DeploymentHandle
+        self.handle = handle.multiplexed()
+        self._following: asyncio.Task | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.handle.model_name
+
+    async def agenerate(self, *args, **kwargs):
+        async with self._noticing_loss():
+            return await self.handle.agenerate(*args, **kwargs)
+
+    async def astream(self, *args, **kwargs):
+        async with self._noticing_loss(), contextlib.aclosing(self.handle.astream(*args, **kwargs)) as outs:
+            async for out in outs:  # (aclosing: a client that leaves aborts its request at once)
+                yield out
+
+    async def ahealth(self) -> dict:
+        async with self._noticing_loss():
+            return await self.handle.ahealth()
+
+    async def ametrics(self) -> bytes:
+        async with self._noticing_loss():
+            return await self.handle.ametrics()
+
+    @contextlib.asynccontextmanager
+    async def _noticing_loss(self):
+        try:
+            yield
+        except (EngineUnavailableError, ray.exceptions.RayActorError):
+            self.follow()  # the engine may be gone: look for the one that replaces it
+            raise
+
+    def follow(self) -> None:
+        """Take the engine deployment's handle again, in the background, unless already on it."""
+        if self._following is None or self._following.done():
+            self._following = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                handle = await self.engine.engine_handle.remote()
+                break
+            except Exception as e:  # noqa: BLE001 - the old engine replica, dead engine and all, still answers
+                log.debug("no engine yet: %s", e)
+                await asyncio.sleep(1.0)
+        if handle.actor != self.handle.actor:  # (ActorHandle compares by actor id)
+            self.handle = handle.multiplexed()
+            log.info("serving the new engine of %s", self.handle.model_name)
+
+
 @serve.ingress()
 class OpenAIIngress:
     async def __init__(self, args: dict, engine):
         self.args = TandemServeArgs.model_validate(args)
-        # waits while the engine replica loads the model
-        handle = await engine.engine_handle.remote()
-        # all HTTP streams of this replica share one output stream: a socket on the
-        # engine's node, else Ray
-        self.handle = handle.multiplexed()
-        log.info("serving %s", self.handle.model_name)
+        # waits while the engine replica loads the model; all HTTP streams of this replica
+        # share one output stream: a socket on the engine's node, else Ray
+        self.engine = FollowedEngine(engine, await engine.engine_handle.remote())
+        log.info("serving %s", self.engine.model_name)
 
     def __serve_build_asgi_app__(self):
         from tandem.serve.api import create_app
 
-        return create_app(self.handle, api_key=self.args.api_key, max_tokens_limit=self.args.max_tokens_limit)
+        return create_app(self.engine, api_key=self.args.api_key, max_tokens_limit=self.args.max_tokens_limit)
 
     async def check_health(self) -> None:
-        """Raises when the scheduler actor is gone: Serve replaces this replica, and the
-        new one takes the handle of the engine that replaces it."""
-        await self.handle.ahealth()
+        """Healthy while the engine is replaced (FollowedEngine answers 503 meanwhile); a
+        lost engine found here is followed even when no request came."""
+        try:
+            await self.engine.ahealth()
+        except (EngineUnavailableError, ray.exceptions.RayActorError) as e:
+            log.info("the engine is unavailable (%s); following its replacement", e)
 
 
 def build_app(args: dict | TandemServeArgs | None = None):

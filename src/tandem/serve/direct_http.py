@@ -11,7 +11,8 @@ proxy, which Serve still wants, on a free port of its own.
 Several ingress replicas (ingress_replicas > 1) cannot share a port that way: Serve's
 HAProxy mode runs HAProxy on the user's port in front of them, each replica on a free
 port of its own. HAProxy also opens its stats page and Prometheus exporter, on every
-interface (Ray 2.60 does not let us choose); we give them free ports.
+interface (Ray 2.60 does not let us choose), and Serve its proxy as HAProxy's backup;
+we give them free ports.
 
 The settings are environment variables that Serve's controller and replicas read when
 they start, so they are set before the local Ray cluster starts (its processes inherit
@@ -50,7 +51,7 @@ def haproxy_env(port: int, ingress_replicas: int) -> dict[str, str]:
     while port in replicas:
         first = free_port()
         replicas = range(first, first + 4 * ingress_replicas)  # room for one that restarts while the old one drains
-    stats, metrics = free_ports(2, avoid=[*replicas, port])
+    stats, metrics, fallback_http, fallback_grpc = free_ports(4, avoid=[*replicas, port])
     return {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -63,6 +64,11 @@ def haproxy_env(port: int, ingress_replicas: int) -> dict[str, str]:
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(replicas.stop),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
+        # the head node's Serve proxy, HAProxy's backup server: by default on 8500 and
+        # 9500, where a second cluster on the machine would fail to bind (its proxy then
+        # fails its health checks and serve.start with it)
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_http),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(fallback_grpc),
         "RAY_SERVE_PORT_QUARANTINE_S": "0",
     }
 
