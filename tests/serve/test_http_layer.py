@@ -176,3 +176,32 @@ def test_stream_deltas_hold_back_what_may_begin_a_stop_string():
     d = TextDeltas(("\n\nEND",))
     sent = [d.next(_out("", x, False)) for x in ("a\n", "\nx")]
     assert sent == ["a", "\n\nx"] and d.next(_out("a\n\nxyz", "yz", True, "length")) == "yz"
+
+
+class LostEngine(FakeBackend):
+    """An engine whose scheduler actor is gone: health and metrics raise as the handle does."""
+
+    async def ahealth(self):
+        raise EngineUnavailableError("the engine's scheduler actor is gone", retry_after_s=3.0)
+
+    async def ametrics(self):
+        raise EngineUnavailableError("the engine's scheduler actor is gone", retry_after_s=3.0)
+
+
+@pytest.mark.parametrize("path", ["/health", "/metrics"])
+def test_health_and_metrics_of_a_lost_engine_are_503_json_with_retry_after(path):
+    r = TestClient(create_app(LostEngine()), raise_server_exceptions=False).get(path)
+    assert r.status_code == 503, r.text
+    assert r.headers["retry-after"] == "3"
+    err = r.json()["error"]
+    assert err["type"] == "service_unavailable" and "scheduler actor is gone" in err["message"]
+
+
+def test_an_unexpected_fault_outside_generation_is_a_500_json_body():
+    class Broken(FakeBackend):
+        async def ametrics(self):
+            raise RuntimeError("registry exploded")
+
+    r = TestClient(create_app(Broken()), raise_server_exceptions=False).get("/metrics")
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error" and "registry exploded" in r.json()["error"]["message"]

@@ -519,10 +519,12 @@ class TandemHandle:
         return ray.get(self.actor.health.remote())
 
     async def ahealth(self) -> dict:
-        return await self.actor.health.remote()
+        async with _tandem_errors():
+            return await self.actor.health.remote()
 
     async def ametrics(self) -> bytes:
-        return await self.actor.metrics.remote()
+        async with _tandem_errors():
+            return await self.actor.metrics.remote()
 
     def metrics_text(self) -> str:
         import ray

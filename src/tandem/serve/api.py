@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.serve import generation, openapi_doc
-from tandem.serve.errors import APIError, bad_request
+from tandem.serve.errors import APIError, bad_request, from_exception
 from tandem.serve.generation import Backend, GenerationApp, check_api_key
 from tandem.serve.limits import ServeLimits
 
@@ -54,6 +54,11 @@ def create_app(
         type_ = "invalid_request_error" if e.status_code < 500 else "server_error"
         return APIError(e.status_code, str(e.detail), type_, code=str(e.status_code)).response()
 
+    @app.exception_handler(Exception)
+    async def _any_error(_: Request, e: Exception):
+        # a lost engine under /metrics is a 503, anything else tandem's own 500: a JSON body either way
+        return from_exception(e).response()
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, e: RequestValidationError):
         return bad_request(str(e.errors()[0].get("msg", e))).response()
@@ -69,8 +74,10 @@ def create_app(
     async def health():
         try:
             h = await backend.ahealth()
-        except Exception as e:  # noqa: BLE001
-            return JSONResponse({"status": "down", "error": str(e)}, status_code=503)
+        except Exception as e:  # noqa: BLE001 - whatever it is, the engine does not serve
+            err = from_exception(e)
+            return JSONResponse({"status": "down", **err.body()}, status_code=503,
+                                headers=err.headers or {"Retry-After": "5"})
         if h.get("recovering"):
             return JSONResponse(h, status_code=503, headers={"Retry-After": "5"})
         return h

@@ -156,7 +156,9 @@ class OpenAIIngress:
     def __serve_build_asgi_app__(self):
         from tandem.serve.api import create_app
 
-        return create_app(self.engine, api_key=self.args.api_key, max_tokens_limit=self.args.max_tokens_limit)
+        from tandem.serve.limits import ServeLimits
+
+        return create_app(self.engine, api_key=self.args.api_key, limits=ServeLimits.from_args(self.args))
 
     async def check_health(self) -> None:
         """Healthy while the engine is replaced (FollowedEngine answers 503 meanwhile); a
