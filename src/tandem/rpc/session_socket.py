@@ -4,7 +4,7 @@ Why: on the gRPC stream each message passes through several Python threads on bo
 sides (the request iterator's consumer, the completion queue's poller, the handler), and
 each wake-up costs 0.05-0.15 ms. On the H200 host a round trip took 0.55-0.73 ms while
 the rank worked 2-3.5 ms between messages, against 0.09-0.10 ms over a Unix socket read
-by the waiting thread itself (bench/README.md, session 15; the socket's side is
+by the waiting thread itself (bench/README.md; the socket's side is
 `python bench/session_transport.py`). One round trip a tick is most of what a shard
 process costs against an in-process rank.
 
