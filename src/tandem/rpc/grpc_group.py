@@ -50,7 +50,6 @@ from typing import Any, Callable, NoReturn
 
 import grpc
 
-from tandem.drafters.factory import RankDrafterInfo
 from tandem.errors import ShapeError, ShardError
 from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
@@ -64,6 +63,7 @@ from tandem.shard.commands import (
     PrefillResult,
     ProposeBatch,
     ProposeResult,
+    RankDrafterInfo,
     ShapeRules,
     ShardLimits,
     Verdict,
@@ -71,7 +71,7 @@ from tandem.shard.commands import (
     VerifyResult,
     failed_verdict,
 )
-from tandem.shard.factory import ShardSpec
+from tandem.shard.spec import ShardSpec
 
 log = logging.getLogger("tandem.rpc.group")
 
@@ -138,7 +138,7 @@ class GrpcShardGroup:
         self._owed: list[_Owed] = []  # sent, replies not read yet; oldest first
         self._riders: list[tuple[pb.Command, _Owed]] = []  # not sent yet: they ride on the next command
         self._unacknowledged: list[int] = []  # batches whose verdict some rank did not take
-        self.on_acknowledged: Callable[[], None] | None = None  # see ShardGroup
+        self._on_acknowledged: Callable[[], None] | None = None  # see ShardGroup.listen_for_acknowledgements
         self._healthy = False
         try:
             self._start()
@@ -190,6 +190,9 @@ class GrpcShardGroup:
         failed = [r for r in replies if not r.ok]
         if failed:
             self._lose(f"{what} not acknowledged: {self._describe(failed, self.deadline_s)}")
+
+    def listen_for_acknowledgements(self, listener: Callable[[], None]) -> None:
+        self._on_acknowledged = listener
 
     def owes_acknowledgements(self) -> bool:
         return bool(self._owed or self._riders)
@@ -478,9 +481,9 @@ class GrpcShardGroup:
             self._healthy = False
             self.last_failure = f"{o.what} not acknowledged: {self._describe(failed, self.deadline_s)}"
             log.error("%s", self.last_failure)
-        if owed and not lost and not self._unacknowledged and self.on_acknowledged is not None:
+        if owed and not lost and not self._unacknowledged and self._on_acknowledged is not None:
             try:
-                self.on_acknowledged()
+                self._on_acknowledged()
             except Exception:  # noqa: BLE001 - the caller's command still has its reply to read
                 log.exception("on_acknowledged failed")
         return lost

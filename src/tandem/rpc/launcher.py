@@ -14,8 +14,6 @@ import tempfile
 import time
 from typing import Protocol
 
-from tandem.shard.factory import ShardSpec
-
 
 class ShardLauncher(Protocol):
     def start(self) -> list[str]:
@@ -131,10 +129,3 @@ class ProcessLauncher:
 
     def _path(self, rank: int, kind: str) -> str:
         return os.path.join(self.log_dir, f"rank{rank}.{kind}")
-
-
-def launch_local_group(spec: ShardSpec, n: int, **group_options):
-    """A GrpcShardGroup of n local shard processes over loopback (no Ray)."""
-    from tandem.rpc.grpc_group import GrpcShardGroup
-
-    return GrpcShardGroup(spec, ProcessLauncher(n), **group_options)
