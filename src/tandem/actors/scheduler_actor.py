@@ -3,7 +3,7 @@
 The engine runs on a GrpcShardGroup whose ranks are ShardActors (RayShardLauncher).
 A background thread calls engine.step() while there is work and hands the outputs on
 (also those the engine emits from inside the next tick, once the ranks have acknowledged
-the verdicts: see tandem.engine). Those of a subscriber connected to the actor's output
+the verdicts: see tandem.release). Those of a subscriber connected to the actor's output
 socket (tandem.actors.output_channel) it writes there itself; the others go to the
 actor's event loop, which puts each into its request's asyncio queue or its
 subscriber's: `stream` is a Ray streaming generator over a request's queue, `subscribe`

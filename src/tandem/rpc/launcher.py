@@ -87,7 +87,7 @@ class ProcessLauncher:
 
     def _spawn(self, rank: int) -> subprocess.Popen:
         cmd = [
-            sys.executable, "-m", "tandem.rpc.shard_cli",
+            sys.executable, "-m", "tandem.shard_cli",
             "--bind", f"{self.host}:0",
             "--port-file", self._path(rank, "addr"),
             "--parent-pid", str(os.getpid()),

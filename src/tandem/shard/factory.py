@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
 from tandem.model.kv_cache import KVCache
 from tandem.model.loader import LoadedModel, load_model
 from tandem.model.verify_graphs import VerifyGraphs
+from tandem.shard.commands import RankDrafterInfo
 from tandem.shard.model_shard import ModelShard
 from tandem.shard.spec import ShardSpec
 
@@ -89,3 +91,21 @@ def build_model_shard(
         n = shard.capture_graphs_ahead(spec.num_speculative_tokens + 1)
         log.info("captured %d verify and prefill CUDA graphs in %.1f s", n, time.perf_counter() - t0)
     return shard, loaded
+
+
+def build_rank(spec: ShardSpec, rank: int, world_size: int, join_collective) -> tuple[ModelShard, RankDrafterInfo]:
+    """One rank of a shard server (its Init): its own GPU where a process sees several,
+    the collective group (join_collective(device)) when world_size > 1, then the shard."""
+    from tandem.drafters.factory import rank_drafter_info
+
+    device = resolve_device(spec.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    spec = replace(spec, device=str(device))
+    tp_group = join_collective(device) if world_size > 1 else None
+    shard, _ = build_model_shard(spec, rank=rank, world_size=world_size, tp_group=tp_group, progress=False)
+    drafter = rank_drafter_info(spec, shard.drafter)
+    log.info("rank %d/%d ready on %s (drafter %s %s)", rank, world_size, device, drafter.kind, drafter.source)
+    return shard, drafter
