@@ -87,6 +87,19 @@ def combine(runs: list[dict]) -> dict:
 # ---- embedded ----------------------------------------------------------------------------
 
 
+class RunSink:
+    """The engines' sink (as the scheduler actor runs them): each run's outputs to its taker."""
+
+    def __init__(self):
+        self.take = lambda outs: None
+
+    def __call__(self, outs) -> None:
+        self.take(outs)
+
+
+SINK = RunSink()
+
+
 def run_embedded(engine, n: int, max_tokens: int) -> dict:
     from tandem.sampling_params import SamplingParams
 
@@ -102,7 +115,7 @@ def run_embedded(engine, n: int, max_tokens: int) -> dict:
                 last[out.request_id] = now
                 ntok[out.request_id] = len(out.token_ids)
 
-    engine.emit = take  # as the scheduler actor runs it (an in-process rank emits nothing early)
+    SINK.take = take  # an in-process rank emits nothing early
     t0 = time.perf_counter()
     sent = {}
     for i in range(n):
@@ -143,7 +156,7 @@ def grpc_engine(engine_cfg: dict, threads: int, session_socket: bool, spin_us: i
     tok = load_tokenizer(config.model, progress=False)
     group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(1, threads_per_rank=threads), session_socket=session_socket,
                            session_spin_us=spin_us)
-    return Engine(group, tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name)
+    return Engine(group, tok.tokenizer, tok.eos_token_ids, config, model_name=tok.name, sink=SINK)
 
 
 # ---- served ------------------------------------------------------------------------------
@@ -280,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     handle = connect("tandem-bench")
     torch.set_num_threads(args.threads)
-    engine = Engine.from_config(progress=False, **engine_cfg)
+    engine = Engine.from_config(progress=False, sink=SINK, **engine_cfg)
     over_grpc = grpc_engine(engine_cfg, args.threads, args.session_socket, args.session_spin_us) if args.grpc else None
     # All stay up; the runs alternate (embedded, handle, served, embedded, ...) so that a
     # change in the machine's load hits all alike.

@@ -48,7 +48,8 @@ CARRIERS = {"grpc": (False, 0, "grpc"), "socket": (True, 0, "socket"), "polling"
 
 def shard_worker(folder: str) -> None:
     """`tandem shard` (exits with its parent), its Session replies stamped into folder/stamps."""
-    from tandem.rpc import server, shard_cli
+    from tandem import shard_cli
+    from tandem.rpc import server
 
     out = open(os.path.join(folder, "stamps"), "w", buffering=1)
     replies = server.ShardServicer._session_replies

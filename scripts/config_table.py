@@ -90,7 +90,8 @@ def engine_config_table() -> str:
 
     rows = ["| `EngineConfig` field | default | what it does |", "|---|---|---|"]
     for f in dataclasses.fields(EngineConfig):
-        rows.append(f"| `{f.name}` | {_default(f.default)} | {_cell(f.metadata.get('help', ''))} |")
+        default = f"`${f.metadata['env']}`" if "env" in f.metadata else _default(f.default)
+        rows.append(f"| `{f.name}` | {default} | {_cell(f.metadata.get('help', ''))} |")
     return "\n".join(rows)
 
 

@@ -9,7 +9,7 @@ import sys
 # subcommand -> module with add_arguments(parser) and run(args) -> int
 SUBCOMMANDS = {
     "generate": ("tandem.cli_generate", "Generate text with the embedded engine (no Ray)."),
-    "shard": ("tandem.rpc.shard_cli", "Run one gRPC shard server process (for runs without Ray)."),
+    "shard": ("tandem.shard_cli", "Run one gRPC shard server process (for runs without Ray)."),
     "serve": ("tandem.serve.cli", "Start a local Ray cluster and the OpenAI-compatible server."),
 }
 

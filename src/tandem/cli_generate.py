@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from tandem.drafters.factory import DRAFTERS
+from tandem.drafters.registry import DRAFTERS, drafter_kind
 from tandem.errors import InvalidRequestError, TandemError
 
 
@@ -58,7 +58,7 @@ def run(args) -> int:
         )
         if args.batch < 1:
             raise InvalidRequestError("batch", f"must be >= 1, got {args.batch}")
-        if args.dflash_checkpoint is not None and args.drafter != "dflash":
+        if args.dflash_checkpoint is not None and drafter_kind(args.drafter).checkpoint is None:
             raise InvalidRequestError("dflash_checkpoint", f"is for --drafter dflash, not {args.drafter!r}")
         engine = Engine.from_config(
             model=args.model,

@@ -1,9 +1,11 @@
-"""EngineConfig: how an engine is built, checked when built."""
+"""EngineConfig: how an engine is built, checked when built. The one set of defaults:
+ShardSpec (tandem.shard.spec) takes its own from here."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-from tandem.drafters.factory import RANK_DRAFTERS, check_drafter_name
+from tandem.drafters.registry import drafter_kind
 from tandem.errors import InvalidRequestError
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4  # when the drafter has no block size of its own
@@ -13,6 +15,15 @@ MAX_NUM_SPECULATIVE_TOKENS = 16
 def _option(default, help: str):
     """A config field with its help text (the README's configuration table reads it)."""
     return field(default=default, metadata={"help": help})
+
+
+def _env_option(variable: str, parse, help: str):
+    """A field whose default comes from the environment variable `variable`, read here only."""
+    return field(default_factory=lambda: parse(os.environ.get(variable)), metadata={"help": help, "env": variable})
+
+
+def _on_unless_zero(value: str | None) -> bool:
+    return value != "0"
 
 
 class _DefaultGamma(int):
@@ -37,11 +48,14 @@ class EngineConfig:
     max_verify_failures: int = _option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.")
     ngram_max: int = _option(4, "Longest n-gram the ngram drafter looks up in the context.")
     ngram_min: int = _option(1, "Shortest n-gram the ngram drafter looks up.")
+    cuda_graphs: bool = _env_option("TANDEM_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the target's verify and prefill forwards on one GPU rank (a tensor-parallel target always runs eagerly). Default: on unless TANDEM_CUDA_GRAPHS=0.")
+    dflash_cuda_graphs: bool = _env_option("TANDEM_DFLASH_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the DFlash drafter's forwards. Default: on unless TANDEM_DFLASH_CUDA_GRAPHS=0.")
+    dflash_dtype: str | None = _env_option("TANDEM_DFLASH_DTYPE", lambda v: v or None, "The DFlash drafter's dtype (float32, bfloat16); None = the target's (bf16 beside a float32 target on a CPU with bf16 matmuls). Default: TANDEM_DFLASH_DTYPE.")
 
     def __post_init__(self) -> None:
-        check_drafter_name(self.drafter)
-        if self.drafter == "draft-model" and not self.draft_model:
-            raise InvalidRequestError("draft_model", "drafter 'draft-model' needs a draft model")
+        kind = drafter_kind(self.drafter)
+        if kind.needs_draft_model and not self.draft_model:
+            raise InvalidRequestError("draft_model", f"drafter {kind.name!r} needs a draft model")
         for name in ("max_num_seqs", "max_seq_len", "row_budget", "shards", "max_verify_failures"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(name, f"must be >= 1, got {getattr(self, name)}")
@@ -55,17 +69,15 @@ class EngineConfig:
     def _resolve_speculative_tokens(self) -> None:
         gamma = self.num_speculative_tokens
         chosen = gamma is None or isinstance(gamma, _DefaultGamma)
-        if self.drafter != "dflash":
+        kind = drafter_kind(self.drafter)
+        if kind.checkpoint is None:
             if chosen:
                 object.__setattr__(self, "num_speculative_tokens", _DefaultGamma(DEFAULT_NUM_SPECULATIVE_TOKENS))
             return
-        from tandem.drafters.factory import resolve_dflash_checkpoint
-
         # an absolute folder: shard processes (Ray actors included) may run in another cwd
-        folder, block_size = resolve_dflash_checkpoint(self.model, self.dflash_checkpoint)
+        folder, most = kind.checkpoint(self.model, self.dflash_checkpoint)
         if self.dflash_checkpoint is not None:
             object.__setattr__(self, "dflash_checkpoint", folder)
-        most = block_size - 1  # one block = the last token + block_size - 1 drafts
         if chosen:
             object.__setattr__(self, "num_speculative_tokens", _DefaultGamma(min(most, MAX_NUM_SPECULATIVE_TOKENS)))
         elif gamma > most:
@@ -77,10 +89,10 @@ class EngineConfig:
     @property
     def rank_drafter(self) -> str:
         """The drafter the shard ranks carry ("none" when the scheduler drafts)."""
-        return self.drafter if self.drafter in RANK_DRAFTERS else "none"
+        return self.drafter if drafter_kind(self.drafter).on_rank else "none"
 
     def shard_spec(self):
-        from tandem.shard.factory import ShardSpec
+        from tandem.shard.spec import ShardSpec
 
         return ShardSpec(
             model=self.model,
@@ -91,6 +103,9 @@ class EngineConfig:
             row_budget=self.row_budget,
             drafter=self.rank_drafter,
             draft_model=self.draft_model,
-            dflash_checkpoint=self.dflash_checkpoint if self.drafter == "dflash" else None,
+            dflash_checkpoint=self.dflash_checkpoint if drafter_kind(self.drafter).checkpoint else None,
             num_speculative_tokens=int(self.num_speculative_tokens),
+            cuda_graphs=self.cuda_graphs,
+            dflash_cuda_graphs=self.dflash_cuda_graphs,
+            dflash_dtype=self.dflash_dtype,
         )

@@ -51,6 +51,15 @@ class Scheduler:
                     self.free_slots.append(s.slot)
         return done
 
+    def requeue(self, seqs: list[Sequence]) -> None:
+        """Admitted sequences go back to the front of the queue, in order, their slots
+        freed (a prefill that met a lost rank: they wait for the recovery instead)."""
+        for s in seqs:
+            self.running.remove(s)
+            self.free_slots.append(s.slot)
+            s.slot, s.status = None, Status.WAITING
+        self.waiting.extendleft(reversed(seqs))
+
     def remove_waiting(self, seq: Sequence) -> bool:
         try:
             self.waiting.remove(seq)

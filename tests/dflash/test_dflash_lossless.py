@@ -103,15 +103,16 @@ def test_a_bf16_drafter_beside_a_float32_target_keeps_greedy_output_exact(batch,
 
 def test_the_drafter_dtype_follows_the_target_unless_told(monkeypatch):
     from tandem.drafters.dflash import dflash_dtype
+    from tandem.shard.spec import ShardSpec
 
     monkeypatch.delenv("TANDEM_DFLASH_DTYPE", raising=False)
-    assert dflash_dtype("cuda", torch.bfloat16) == torch.bfloat16
-    assert dflash_dtype("cpu", torch.bfloat16) == torch.bfloat16
-    assert dflash_dtype("cpu", torch.float32) in (torch.float32, torch.bfloat16)
+    assert dflash_dtype("cuda", torch.bfloat16, ShardSpec().dflash_dtype) == torch.bfloat16
+    assert dflash_dtype("cpu", torch.bfloat16, ShardSpec().dflash_dtype) == torch.bfloat16
+    assert dflash_dtype("cpu", torch.float32, ShardSpec().dflash_dtype) in (torch.float32, torch.bfloat16)
     monkeypatch.setenv("TANDEM_DFLASH_DTYPE", "float32")
-    assert dflash_dtype("cpu", torch.float32) == torch.float32
+    assert dflash_dtype("cpu", torch.float32, ShardSpec().dflash_dtype) == torch.float32
     monkeypatch.setenv("TANDEM_DFLASH_DTYPE", "bfloat16")
-    assert dflash_dtype("cuda", torch.float32) == torch.bfloat16
+    assert dflash_dtype("cuda", torch.float32, ShardSpec().dflash_dtype) == torch.bfloat16
 
 
 def test_sampling_with_a_random_drafter_runs_and_is_seeded(target):

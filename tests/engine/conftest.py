@@ -25,9 +25,9 @@ def local_group(default_model):
 
 @pytest.fixture(scope="session")
 def make_engine(local_group, default_model):
-    def make(drafter: str = "none", group=None, **cfg) -> Engine:
+    def make(drafter: str = "none", group=None, sink=None, **cfg) -> Engine:
         config = EngineConfig(drafter=drafter, max_num_seqs=SLOTS, max_seq_len=CONTEXT, row_budget=128, **cfg)
-        return Engine(group or local_group, default_model.tokenizer, default_model.eos_token_ids, config)
+        return Engine(group or local_group, default_model.tokenizer, default_model.eos_token_ids, config, sink=sink)
 
     return make
 

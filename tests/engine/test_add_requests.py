@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from tandem.errors import EngineUnavailableError, InvalidRequestError
+from tandem.intake import Request
 from tandem.sampling_params import SamplingParams
 
 from .prompts import PROMPTS
@@ -14,13 +15,14 @@ from .test_admission_during_a_tick import GatedGroup
 def test_a_bad_request_in_a_batch_is_refused_alone(make_engine):
     engine = make_engine("ngram")
     params = SamplingParams(max_tokens=5, temperature=0.0)
-    results = engine.add_requests([
-        (PROMPTS[0], params, "a"),
-        ("", params, "empty"),
-        (PROMPTS[1], "not params", "mistyped"),
-        (PROMPTS[2], params, "a"),  # the id of the first, in the same batch
-        (PROMPTS[3], None, None),
+    admissions = engine.add_requests([
+        Request(PROMPTS[0], params, "a"),
+        Request("", params, "empty"),
+        Request(PROMPTS[1], "not params", "mistyped"),
+        Request(PROMPTS[2], params, "a"),  # the id of the first, in the same batch
+        Request(PROMPTS[3]),
     ])
+    results = [a.request_id if a.taken else a.error for a in admissions]
     assert results[0] == "a"
     assert isinstance(results[1], InvalidRequestError) and results[1].field == "prompt"
     assert isinstance(results[2], InvalidRequestError) and results[2].field == "params"
@@ -44,7 +46,8 @@ def test_a_batch_sent_during_a_tick_is_admitted_by_one_tick(make_engine, local_g
     ticker.start()
     try:
         assert group.entered.wait(30), "the tick never reached its verify"
-        ids = engine.add_requests([(p, params, None) for p in PROMPTS[1:5]])
+        admissions = engine.add_requests([Request(p, params) for p in PROMPTS[1:5]])
+        ids = [a.request_id for a in admissions]
         assert all(isinstance(i, str) for i in ids)
     finally:
         group.gate.set()
@@ -56,11 +59,11 @@ def test_a_batch_sent_during_a_tick_is_admitted_by_one_tick(make_engine, local_g
 
 def test_a_recovering_engine_refuses_every_request_of_a_batch(make_engine):
     engine = make_engine("none")
-    engine.recovering = True
+    engine.intake.recovering = True
     try:
-        results = engine.add_requests([(PROMPTS[0], None, None), (PROMPTS[1], None, None)])
+        results = [a.error for a in engine.add_requests([Request(PROMPTS[0]), Request(PROMPTS[1])])]
     finally:
-        engine.recovering = False
+        engine.intake.recovering = False
     assert len(results) == 2 and all(isinstance(r, EngineUnavailableError) for r in results)
     assert not engine.has_unfinished()
 
@@ -68,7 +71,7 @@ def test_a_recovering_engine_refuses_every_request_of_a_batch(make_engine):
 def test_a_batch_is_tokenized_as_each_prompt_alone(make_engine):
     engine = make_engine("none")
     mixed = [PROMPTS[0], [1, 2, 3], PROMPTS[2], "", PROMPTS[5]]  # token ids and a bad one in between
-    results = engine.add_requests([(p, None, None) for p in mixed])
+    results = [a.request_id if a.taken else a.error for a in engine.add_requests([Request(p) for p in mixed])]
     for prompt, rid in zip(mixed, results):
         if isinstance(prompt, list):
             assert engine.requests[rid].prompt_ids == prompt

@@ -86,9 +86,8 @@ def test_with_emit_a_first_token_leaves_before_the_verify_it_shares_a_tick_with(
     # B arrives right after A's admission tick, so B's prefill and the verify of A and B
     # share one tick; with a way out mid-tick (emit, as the scheduler actor runs the
     # engine) B's first token goes before that verify, not after it.
-    engine = make_engine("none", group=local_group)
     emitted = []
-    engine.emit = emitted.extend
+    engine = make_engine("none", group=local_group, sink=emitted.extend)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     a = engine.add_request("Once upon a time", params)
     engine.step()  # A's admission tick

@@ -26,11 +26,12 @@ def shard_server():
     """Factory: an in-process shard server -> (its stub, its address); stopped after the test."""
     from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
     from tandem.rpc.server import start_shard_server
+    from tandem.shard.factory import build_rank
 
     started = []
 
     def start(fault_injection: bool = False):
-        server, address = start_shard_server("127.0.0.1:0", fault_injection=fault_injection)
+        server, address = start_shard_server(build_rank, "127.0.0.1:0", fault_injection=fault_injection)
         channel = grpc.insecure_channel(address)
         started.append((server, channel))
         return pb_grpc.ShardControlStub(channel), address
@@ -49,9 +50,10 @@ class InProcessLauncher:
 
     def start(self) -> list[str]:
         from tandem.rpc.server import start_shard_server
+        from tandem.shard.factory import build_rank
 
         self.stop()
-        server, address = start_shard_server("127.0.0.1:0")
+        server, address = start_shard_server(build_rank, "127.0.0.1:0")
         self.servers.append(server)
         return [address]
 

@@ -53,10 +53,9 @@ def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_mode
     group = GrpcShardGroup(config.shard_spec(), in_process_launcher, deadline_s=30, session_socket=carrier == "socket",
                            session_spin_us=spin_us)
     assert group.session_transports == [carrier]
-    engine = Engine(group, IdsTokenizer(), (), config)
+    emitted = []
+    engine = Engine(group, IdsTokenizer(), (), config, sink=emitted.extend)
     try:
-        emitted = []
-        engine.emit = emitted.extend
         ids = [engine.add_request(p, params) for p in prompts(batch)]
         while engine.has_unfinished():
             emitted.extend(engine.step())

@@ -1,5 +1,5 @@
-"""An engine with `emit` set (as the scheduler actor runs it) over real gRPC: a tick's
-outputs are held until the ranks acknowledge its verdicts, and leave through `emit` from
+"""An engine with a sink (as the scheduler actor runs it) over real gRPC: a tick's
+outputs are held until the ranks acknowledge its verdicts, and leave through the sink from
 inside the next tick's first command, while that command runs on the rank. What that
 must keep: every token in order, the text the embedded engine makes (stop strings and
 aborts included, the held outputs being built only then), and no token of a tick whose
@@ -16,13 +16,14 @@ from tandem.sampling_params import SamplingParams
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
 
 
-def grpc_engine(default_model, launcher, config: EngineConfig) -> Engine:
+def grpc_engine(default_model, launcher, config: EngineConfig, sink=None) -> Engine:
     group = GrpcShardGroup(config.shard_spec(), launcher, deadline_s=10)
-    return Engine(group, default_model.tokenizer, default_model.eos_token_ids, config)
+    return Engine(group, default_model.tokenizer, default_model.eos_token_ids, config, sink=sink)
 
 
-def run(engine: Engine, inside: list[bool]) -> list:
-    """Step to the end; every output in the order it left, whether by emit or by step()."""
+def run(make_engine, inside: list[bool]) -> tuple[Engine, list]:
+    """An engine from make_engine(sink), stepped to the end; every output in the order it
+    left, whether by the sink or by step()."""
     timeline = []
 
     def emit(outs):
@@ -30,6 +31,7 @@ def run(engine: Engine, inside: list[bool]) -> list:
         timeline.extend(outs)
 
     busy = [False]
+    engine = make_engine(emit)
     for name in ("verify", "prefill"):  # note when a command is waiting for its reply
         call = getattr(engine.group, name)
 
@@ -41,10 +43,9 @@ def run(engine: Engine, inside: list[bool]) -> list:
                 busy[0] = False
 
         setattr(engine.group, name, waiting)
-    engine.emit = emit
     while engine.has_unfinished():
         timeline.extend(engine.step())
-    return timeline
+    return engine, timeline
 
 
 def by_request(timeline: list) -> dict[str, list]:
@@ -59,13 +60,19 @@ def test_held_outputs_leave_inside_the_next_tick_in_order_with_the_embedded_text
     config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
     params = [SamplingParams(max_tokens=n) for n in (24, 9, 16)]
     reference = Engine.from_config(config, progress=False).generate(PROMPTS, params)
-    engine = grpc_engine(default_model, in_process_launcher, config)
+    engines, ids = [], []
+
+    def make_engine(sink):
+        engine = grpc_engine(default_model, in_process_launcher, config, sink)
+        engines.append(engine)
+        ids.extend(engine.add_request(p, sp) for p, sp in zip(PROMPTS, params))
+        return engine
+
     try:
-        ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params)]
         inside: list[bool] = []
-        outs = by_request(run(engine, inside))
+        outs = by_request(run(make_engine, inside)[1])
     finally:
-        engine.group.close()
+        engines[0].group.close()
     # all but the very last emit came while a later command waited on the rank
     assert len(inside) > 3 and all(inside[:-1])
     for rid, ref in zip(ids, reference):
@@ -81,7 +88,8 @@ def test_the_held_tokens_of_a_verdict_a_lost_rank_never_took_never_leave(default
     config = EngineConfig(drafter="none", num_speculative_tokens=0, row_budget=1, max_num_seqs=4, max_seq_len=128)
     params = SamplingParams(max_tokens=12)
     reference = Engine.from_config(config, progress=False).generate([PROMPTS[0]], params)[0]
-    engine = grpc_engine(default_model, in_process_launcher, config)
+    timeline = []
+    engine = grpc_engine(default_model, in_process_launcher, config, sink=timeline.extend)
     group = engine.group
     survivor = engine.add_request(PROMPTS[0], params)
     victim = engine.add_request(PROMPTS[1], params)
@@ -101,8 +109,6 @@ def test_the_held_tokens_of_a_verdict_a_lost_rank_never_took_never_leave(default
 
     group.verify, group.commit = noting_slots, losing_the_rank
     try:
-        timeline = []
-        engine.emit = timeline.extend
         for _ in range(3):
             timeline.extend(engine.step())
         armed[0] = True
@@ -123,14 +129,13 @@ def test_an_emit_that_raises_does_not_put_the_streams_out_of_step(default_model,
     config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
     params = SamplingParams(max_tokens=10)
     reference = Engine.from_config(config, progress=False).generate([PROMPTS[0]], params)[0]
-    engine = grpc_engine(default_model, in_process_launcher, config)
     seen = []
 
     def broken_emit(outs):  # gets the outputs, then fails (a consumer that went away)
         seen.extend(outs)
         raise RuntimeError("the consumer is gone")
 
-    engine.emit = broken_emit
+    engine = grpc_engine(default_model, in_process_launcher, config, sink=broken_emit)
     engine.add_request(PROMPTS[0], params)
     try:
         while engine.has_unfinished():
@@ -146,7 +151,7 @@ def test_an_emit_that_raises_does_not_put_the_streams_out_of_step(default_model,
 @pytest.mark.timeout(300)
 def test_held_outputs_are_built_while_the_next_command_runs_and_keep_stop_strings_and_aborts(
         default_model, in_process_launcher, monkeypatch):
-    import tandem.engine as engine_module
+    import tandem.output_tracker as tracker_module
 
     config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
     plain = [SamplingParams(max_tokens=n) for n in (24, 20, 16)]
@@ -157,16 +162,17 @@ def test_held_outputs_are_built_while_the_next_command_runs_and_keep_stop_string
     expected = Engine.from_config(config, progress=False).generate(PROMPTS, params)
     assert expected[0].finish_reason == "stop" and len(expected[0].text) < len(reference[0].text)
 
-    engine = grpc_engine(default_model, in_process_launcher, config)
+    timeline = []
+    engine = grpc_engine(default_model, in_process_launcher, config, sink=timeline.extend)
     built_while_waiting = []
-    build = engine_module.build_output
+    build = tracker_module.build_output
     busy = [False]
 
     def noting_build(due, detok):
         built_while_waiting.append(busy[0])
         return build(due, detok)
 
-    monkeypatch.setattr(engine_module, "build_output", noting_build)
+    monkeypatch.setattr(tracker_module, "build_output", noting_build)
     verify = engine.group.verify
 
     def waiting(cmd):
@@ -177,13 +183,11 @@ def test_held_outputs_are_built_while_the_next_command_runs_and_keep_stop_string
             busy[0] = False
 
     engine.group.verify = waiting
-    timeline = []
-    engine.emit = timeline.extend
     try:
         ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params)]
         for _ in range(4):
             timeline.extend(engine.step())
-        assert engine._held, "a tick's outputs are held, not built yet"
+        assert engine.release.held, "a tick's outputs are held, not built yet"
         engine.abort(ids[2])  # between ticks, while its last outputs are held
         while engine.has_unfinished():
             timeline.extend(engine.step())

@@ -17,6 +17,7 @@ from test_shard_server import init, verify_msg
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.server import start_shard_server
+from tandem.shard.factory import build_rank
 from tandem.rpc.session import StreamBroken
 from tandem.rpc.session_socket import FrameReader, SocketSession, write_frame
 
@@ -108,7 +109,7 @@ def test_a_command_of_megabytes_crosses_whole_and_is_refused_alone(shard_server,
 
 @pytest.mark.timeout(120)
 def test_a_stopped_rank_ends_a_waiting_read_instead_of_leaving_it_waiting(tiny_model_dir):
-    server, address = start_shard_server("127.0.0.1:0")
+    server, address = start_shard_server(build_rank, "127.0.0.1:0")
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.ShardControlStub(channel)
         init(stub, tiny_model_dir)

@@ -3,7 +3,7 @@
 The engine runs on a GrpcShardGroup whose ranks are ShardActors (RayShardLauncher).
 A background thread calls engine.step() while there is work and hands the outputs on
 (also those the engine emits from inside the next tick, once the ranks have acknowledged
-the verdicts: see tandem.engine). Those of a subscriber connected to the actor's output
+the verdicts: see tandem.release). Those of a subscriber connected to the actor's output
 socket (tandem.actors.output_channel) it writes there itself; the others go to the
 actor's event loop, which puts each into its request's asyncio queue or its
 subscriber's: `stream` is a Ray streaming generator over a request's queue, `subscribe`
@@ -29,6 +29,7 @@ from tandem.actors.output_channel import OutputChannels
 from tandem.actors.wire import merge, to_wire, to_wire_on
 from tandem.config import EngineConfig
 from tandem.errors import EngineUnavailableError, InvalidRequestError
+from tandem.intake import Request
 from tandem.outputs import RequestOutput, Usage
 from tandem.sampling_params import SamplingParams
 
@@ -60,7 +61,6 @@ class SchedulerActor:
     def __init__(self, settings: SchedulerSettings):
         self.settings = settings
         self.engine, self.launcher = self._build_engine(settings)
-        self.engine.emit = self._emit  # a tick's outputs go without waiting for the next tick's end
         self.model_name = settings.served_model_name or self.engine.model_name
         self._queues: dict[str, asyncio.Queue] = {}  # request id -> its own stream's queue
         self._subscribers: dict[str, asyncio.Queue] = {}  # subscriber id -> the queue of all its requests
@@ -78,8 +78,9 @@ class SchedulerActor:
         self.ticks = 0
         self.step_seconds = 0.0  # time spent inside engine.step()
 
-    @staticmethod
-    def _build_engine(s: SchedulerSettings):
+    def _build_engine(self, s: SchedulerSettings):
+        """The engine through Engine.from_config, as everywhere: its ranks are shard actors,
+        or one rank in this actor; a tick's outputs go without waiting for the next tick's end."""
         from tandem.actors.launcher import RayShardLauncher
         from tandem.engine import Engine
 
@@ -90,10 +91,7 @@ class SchedulerActor:
                 import torch
 
                 torch.set_num_threads(s.shard_torch_threads)
-            return Engine.from_config(s.engine, progress=False), _NoLauncher()
-        from tandem.model.loader import load_tokenizer
-        from tandem.rpc.grpc_group import GrpcShardGroup
-
+            return Engine.from_config(s.engine, progress=False, sink=self._deliver), _NoLauncher()
         launcher = RayShardLauncher(
             s.engine.shards,
             num_gpus=s.shard_num_gpus,
@@ -101,11 +99,9 @@ class SchedulerActor:
             torch_threads=s.shard_torch_threads,
             fault_injection=s.fault_injection,
         )
-        group = GrpcShardGroup(s.engine.shard_spec(), launcher, deadline_s=s.rpc_deadline_s,
-                               init_deadline_s=s.init_deadline_s, session_socket=s.session_socket,
-                               session_spin_us=s.session_spin_us)
-        tok = load_tokenizer(s.engine.model, progress=False)
-        engine = Engine(group, tok.tokenizer, tok.eos_token_ids, s.engine, model_name=tok.name)
+        options = dict(deadline_s=s.rpc_deadline_s, init_deadline_s=s.init_deadline_s,
+                       session_socket=s.session_socket, session_spin_us=s.session_spin_us)
+        engine = Engine.from_config(s.engine, progress=False, sink=self._deliver, launcher=launcher, group_options=options)
         return engine, launcher
 
     # ---- the step loop ------------------------------------------------------------------
@@ -118,8 +114,7 @@ class SchedulerActor:
             self._thread.start()
 
     def _has_work(self) -> bool:
-        e = self.engine
-        return e.has_unfinished() or e.recovering or not e.group.healthy()
+        return self.engine.has_unfinished() or not self.engine.available
 
     def _run(self) -> None:
         while not self._stopped:
@@ -144,13 +139,10 @@ class SchedulerActor:
             if self.engine.recovering:
                 time.sleep(1.0)  # the restart failed; the next tick tries again
 
-    def _emit(self, outs: list[RequestOutput]) -> None:
-        """The engine's, from inside a tick (the step thread)."""
-        self._deliver(outs)
-
     def _deliver(self, outs: list[RequestOutput], *, on_loop: bool = False) -> None:
         """The outputs of socket subscribers straight to their sockets, the rest to the
-        event loop (_dispatch): at once when called on it, else handed over."""
+        event loop (_dispatch): at once when called on it, else handed over. The engine's
+        sink too, from inside a tick (the step thread)."""
         rest = self._channels.send(outs, self._routes)
         if rest and on_loop:
             self._dispatch(rest)
@@ -192,7 +184,7 @@ class SchedulerActor:
         call, so they share a prefill even when a tick is running (see Engine.add_requests)."""
         self._ensure_started()
         e = self.engine
-        if e.recovering or not e.group.healthy():
+        if not e.available:
             return [EngineUnavailableError("the shard group is recovering; retry shortly") for _ in requests]
         results: list = [None] * len(requests)
         taken: list[tuple[int, str, tuple]] = []  # (index, request id, what the engine gets)
@@ -238,20 +230,8 @@ class SchedulerActor:
     def _take(self, batch: list[tuple]) -> list:
         """Add requests, each (prompt, params, request_id, messages), to the engine: per
         request its id or the error it was refused with."""
-        e = self.engine
-        results: list = [None] * len(batch)
-        prompts: list[tuple[int, tuple]] = []
-        for i, (prompt, params, rid, messages) in enumerate(batch):
-            if messages is not None:
-                try:
-                    prompt = e.chat_prompt(messages)
-                except Exception as err:  # noqa: BLE001 - that request's error alone
-                    results[i] = err
-                    continue
-            prompts.append((i, (prompt, params, rid)))
-        for (i, _), result in zip(prompts, e.add_requests([p for _, p in prompts])):
-            results[i] = result
-        return results
+        admissions = self.engine.add_requests([Request(*r) for r in batch])
+        return [a.request_id if a.taken else a.error for a in admissions]
 
     def _open(self, rid: str, subscriber: str | None) -> asyncio.Queue | None:
         """Where the request's outputs go: its own queue, or its subscriber's stream."""
@@ -364,7 +344,7 @@ class SchedulerActor:
 
     async def health(self) -> dict:
         e = self.engine
-        recovering = e.recovering or not e.group.healthy()
+        recovering = not e.available
         return {
             "status": "recovering" if recovering else "ok",
             "recovering": recovering,

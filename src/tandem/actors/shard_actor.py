@@ -35,9 +35,10 @@ class ShardActor:
             import ray
 
             from tandem.rpc.server import start_shard_server
+            from tandem.shard.factory import build_rank
 
             host = ray.util.get_node_ip_address()
-            self.server, self.address = start_shard_server(f"{host}:0", fault_injection=self.fault_injection)
+            self.server, self.address = start_shard_server(build_rank, f"{host}:0", fault_injection=self.fault_injection)
             log.info("shard rank %d serving on %s (pid %d)", self.rank, self.address, os.getpid())
         return self.address
 

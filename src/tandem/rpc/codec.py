@@ -8,7 +8,6 @@ ones): at n=64 the 64 empty submessages cost ~0.1 ms a tick to build and parse.
 """
 from __future__ import annotations
 
-from tandem.drafters.factory import RankDrafterInfo
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
     GREEDY,
@@ -16,13 +15,14 @@ from tandem.shard.commands import (
     PrefillResult,
     ProposeBatch,
     ProposeResult,
+    RankDrafterInfo,
     SamplingSpec,
     ShardLimits,
     Verdict,
     VerifyBatch,
     VerifyResult,
 )
-from tandem.shard.factory import ShardSpec
+from tandem.shard.spec import ShardSpec
 
 _MASK64 = (1 << 64) - 1
 
@@ -52,7 +52,11 @@ def encode_spec(spec: ShardSpec) -> pb.ShardSpec:
         row_budget=spec.row_budget,
         drafter=spec.drafter,
         num_speculative_tokens=spec.num_speculative_tokens,
+        cuda_graphs=spec.cuda_graphs,
+        dflash_cuda_graphs=spec.dflash_cuda_graphs,
     )
+    if spec.dflash_dtype is not None:
+        m.dflash_dtype = spec.dflash_dtype
     if spec.model is not None:
         m.model = spec.model
     if spec.draft_model is not None:
@@ -74,6 +78,9 @@ def decode_spec(m: pb.ShardSpec) -> ShardSpec:
         draft_model=m.draft_model if m.HasField("draft_model") else None,
         dflash_checkpoint=m.dflash_checkpoint if m.HasField("dflash_checkpoint") else None,
         num_speculative_tokens=m.num_speculative_tokens,
+        cuda_graphs=m.cuda_graphs,
+        dflash_cuda_graphs=m.dflash_cuda_graphs,
+        dflash_dtype=m.dflash_dtype if m.HasField("dflash_dtype") else None,
     )
 
 

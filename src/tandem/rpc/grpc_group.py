@@ -38,23 +38,22 @@ process. The RPC deadline bounds that wait; that rank is then simply unreachable
 A command every rank refuses with INVALID_ARGUMENT (all ranks check the same things
 before touching any state) is a ShapeError and leaves the group healthy; a verdict
 that is not acknowledged by every rank, refused or not, makes the group unhealthy.
-Not thread-safe: one caller (the engine's tick) drives a group.
+Not thread-safe: one caller (the engine's tick) drives a group. How commands reach the
+ranks and their replies are read: tandem.rpc.fan_out.
 """
 from __future__ import annotations
 
 import logging
 import math
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, NoReturn
+from typing import Callable, NoReturn
 
 import grpc
 
-from tandem.drafters.factory import RankDrafterInfo
 from tandem.errors import ShapeError, ShardError
 from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
+from tandem.rpc.fan_out import INVALID, FanOut, Owed, Reply
 from tandem.rpc.launcher import ShardLauncher
 from tandem.rpc.limits import CHANNEL_OPTIONS
 from tandem.rpc.session import GrpcSession, Session, Watchdog
@@ -64,6 +63,7 @@ from tandem.shard.commands import (
     PrefillResult,
     ProposeBatch,
     ProposeResult,
+    RankDrafterInfo,
     ShapeRules,
     ShardLimits,
     Verdict,
@@ -71,38 +71,11 @@ from tandem.shard.commands import (
     VerifyResult,
     failed_verdict,
 )
-from tandem.shard.factory import ShardSpec
+from tandem.shard.spec import ShardSpec
 
 log = logging.getLogger("tandem.rpc.group")
 
-_INVALID = grpc.StatusCode.INVALID_ARGUMENT
-
-
-@dataclass
-class _Reply:
-    """One rank's answer to one RPC: its message, or the status it failed with."""
-
-    rank: int
-    value: Any = None
-    code: grpc.StatusCode | None = None
-    details: str = ""
-    at: float = 0.0  # when it failed (monotonic), to name the first failure first
-
-    @property
-    def ok(self) -> bool:
-        return self.code is None
-
-
-@dataclass
-class _Owed:
-    """A command sent on the session streams whose replies have not been read yet."""
-
-    what: str  # names it in a failure
-    ranks: list[int]
-    batch_id: int | None = None  # a verdict's batch
-
-
-class GrpcShardGroup:
+class GrpcShardGroup(FanOut):
     limits: ShardLimits
     drafter_info: RankDrafterInfo  # what rank 0's rank-side drafter was built from
 
@@ -135,10 +108,10 @@ class GrpcShardGroup:
         self._stubs: list[pb_grpc.ShardControlStub] = []
         self._sessions: list[Session] = []
         self._watchdog: Watchdog | None = None
-        self._owed: list[_Owed] = []  # sent, replies not read yet; oldest first
-        self._riders: list[tuple[pb.Command, _Owed]] = []  # not sent yet: they ride on the next command
+        self._owed: list[Owed] = []  # sent, replies not read yet; oldest first
+        self._riders: list[tuple[pb.Command, Owed]] = []  # not sent yet: they ride on the next command
         self._unacknowledged: list[int] = []  # batches whose verdict some rank did not take
-        self.on_acknowledged: Callable[[], None] | None = None  # see ShardGroup
+        self._on_acknowledged: Callable[[], None] | None = None  # see ShardGroup.listen_for_acknowledgements
         self._healthy = False
         try:
             self._start()
@@ -164,7 +137,7 @@ class GrpcShardGroup:
         self.rules.check(cmd)  # ShapeError naming the rule; nothing has been sent
         replies = self._fan_out("Verify", codec.encode_verify(cmd), self.deadline_s)
         failed = [r for r in replies if not r.ok]
-        if failed and all(r.code == _INVALID for r in replies):
+        if failed and all(r.code == INVALID for r in replies):
             raise _shape_error(replies[0])  # every rank refused it before its forward
         if failed:
             self._fail_verify(cmd, self._describe(failed, self.deadline_s))
@@ -184,12 +157,15 @@ class GrpcShardGroup:
         self._check_healthy()
         what = f"verdict of batch {verdict.batch_id}"
         if self._sessions:
-            self._send_owed("Commit", codec.encode_verdict(verdict), _Owed(what, self._all_ranks(), verdict.batch_id))
+            self._send_owed("Commit", codec.encode_verdict(verdict), Owed(what, self._all_ranks(), verdict.batch_id))
             return
         replies = self._fan_out("Commit", codec.encode_verdict(verdict), self.deadline_s)
         failed = [r for r in replies if not r.ok]
         if failed:
             self._lose(f"{what} not acknowledged: {self._describe(failed, self.deadline_s)}")
+
+    def listen_for_acknowledgements(self, listener: Callable[[], None]) -> None:
+        self._on_acknowledged = listener
 
     def owes_acknowledgements(self) -> bool:
         return bool(self._owed or self._riders)
@@ -204,7 +180,7 @@ class GrpcShardGroup:
     def propose(self, cmd: ProposeBatch) -> ProposeResult:
         self._check_healthy()
         (reply,) = self._fan_out("Propose", codec.encode_propose(cmd), self.deadline_s, ranks=[0])
-        if reply.code == _INVALID:
+        if reply.code == INVALID:
             raise _shape_error(reply)
         if reply.code == grpc.StatusCode.INTERNAL:
             # the drafter raised; the target's state is untouched
@@ -216,7 +192,7 @@ class GrpcShardGroup:
     def release(self, slots: list[int]) -> None:
         self._check_healthy()
         if self._sessions:  # acknowledged with the next command's reply
-            self._send_owed("Release", codec.encode_release(slots), _Owed(f"release of slots {slots}", self._all_ranks()))
+            self._send_owed("Release", codec.encode_release(slots), Owed(f"release of slots {slots}", self._all_ranks()))
             return
         replies = self._fan_out("Release", codec.encode_release(slots), self.deadline_s)
         self._raise_on_failure(replies, f"release of slots {slots}")
@@ -308,7 +284,7 @@ class GrpcShardGroup:
             log.warning("rank 0's %s drafter (%s) drafts at most %d tokens; num_speculative_tokens is %d",
                         info.kind, info.source, info.max_drafts, gamma)
 
-    def _raise_on_start_failure(self, replies: list[_Reply], what: str) -> None:
+    def _raise_on_start_failure(self, replies: list[Reply], what: str) -> None:
         failed = [r for r in replies if not r.ok]
         if failed:
             raise ShardError(f"shard group {what} failed: {self._describe(failed, self.init_deadline_s)}", unhealthy=True)
@@ -337,11 +313,11 @@ class GrpcShardGroup:
             f"the failed verdict reached ranks {acked} of {len(self._stubs)}"
         )
 
-    def _raise_on_failure(self, replies: list[_Reply], what: str) -> None:
+    def _raise_on_failure(self, replies: list[Reply], what: str) -> None:
         failed = [r for r in replies if not r.ok]
         if not failed:
             return
-        if all(r.code == _INVALID for r in replies):
+        if all(r.code == INVALID for r in replies):
             raise _shape_error(replies[0])  # refused alike by every rank: nothing changed anywhere
         self._lose(f"{what} failed: {self._describe(failed, self.deadline_s)}")
 
@@ -357,7 +333,7 @@ class GrpcShardGroup:
             raise ShardError(f"the shard group is unhealthy and needs a restart (last failure: {self.last_failure})",
                              state_advanced=True, unhealthy=True)
 
-    def _describe(self, failed: list[_Reply], timeout: float) -> str:
+    def _describe(self, failed: list[Reply], timeout: float) -> str:
         parts = []
         for r in sorted(failed, key=lambda r: r.at):
             where = f"rank {r.rank} ({self.addresses[r.rank]})"
@@ -369,127 +345,7 @@ class GrpcShardGroup:
                 parts.append(f"{where}: {r.code.name}: {r.details}")
         return "; ".join(parts)
 
-    # ---- fan-out -------------------------------------------------------------------------
 
-    def _fan_out(self, method: str, request, timeout: float, *, ranks: list[int] | None = None,
-                 wait_for_ready: bool = False, unary: bool = False) -> list[_Reply]:
-        """Send `request` (or requests[rank]) to the ranks at once; every rank's reply, in rank order.
-
-        A tick's command goes on the ranks' Session streams (unless `unary`); any other
-        is a unary call: the other ranks get futures, the first is called blocking from
-        this thread, which saves a thread hop on the path the scheduler waits for."""
-        ranks = list(range(len(self._stubs))) if ranks is None else ranks
-        if not unary and method in _SESSION_FIELDS and self._sessions:
-            return self._over_sessions(method, request, timeout, ranks)
-        done_at: dict[int, float] = {}
-
-        def payload(rank: int):
-            return request[rank] if isinstance(request, list) else request
-
-        calls: dict[int, grpc.Future | _Reply] = {}
-        for rank in ranks[1:]:
-            try:
-                call = getattr(self._stubs[rank], method).future(payload(rank), timeout=timeout, wait_for_ready=wait_for_ready)
-            except ValueError as e:  # a closed channel: the rank cannot be reached
-                calls[rank] = _Reply(rank, code=grpc.StatusCode.UNAVAILABLE, details=str(e), at=time.monotonic())
-                continue
-            call.add_done_callback(lambda _, rank=rank: done_at.setdefault(rank, time.monotonic()))
-            calls[rank] = call
-        first = ranks[0]
-        try:
-            calls[first] = _Reply(first, value=getattr(self._stubs[first], method)(
-                payload(first), timeout=timeout, wait_for_ready=wait_for_ready))
-        except grpc.RpcError as e:
-            calls[first] = _Reply(first, code=e.code(), details=e.details() or "", at=time.monotonic())
-        except ValueError as e:
-            calls[first] = _Reply(first, code=grpc.StatusCode.UNAVAILABLE, details=str(e), at=time.monotonic())
-        replies = []
-        for rank in ranks:
-            call = calls[rank]
-            if isinstance(call, _Reply):
-                replies.append(call)
-                continue
-            try:
-                replies.append(_Reply(rank, value=call.result()))
-            except grpc.RpcError as e:
-                replies.append(_Reply(rank, code=e.code(), details=e.details() or "", at=done_at.get(rank, time.monotonic())))
-        return replies
-
-    def _over_sessions(self, method: str, request, timeout: float, ranks: list[int]) -> list[_Reply]:
-        field = _SESSION_FIELDS[method]
-        riders: list[tuple[pb.Command, _Owed]] = []
-        if ranks == self._all_ranks():
-            riders, self._riders = self._riders, []
-        else:
-            self._send_riders()  # every rank must see them, in order
-        before = [cmd for cmd, _ in riders]
-        shared = None if isinstance(request, list) else pb.Command(timeout_s=timeout, before=before, **{field: request})
-        for rank in ranks:
-            cmd = shared or pb.Command(timeout_s=timeout, before=before, **{field: request[rank]})
-            self._sessions[rank].send(cmd, timeout, riders=len(before))
-        self._owed += [owed for _, owed in riders]
-        lost_before = self._read_owed()  # the replies of earlier commands come first
-        replies = [self._receive(rank) for rank in ranks]
-        if lost_before:
-            raise ShardError(f"{method.lower()} not run: the shard group was lost before it ({self.last_failure})",
-                             state_advanced=False, unhealthy=True)
-        return replies
-
-    def _receive(self, rank: int) -> _Reply:
-        reply, code, details, at = self._sessions[rank].receive()
-        if code is None:
-            return _Reply(rank, value=getattr(reply, reply.WhichOneof("reply")))
-        return _Reply(rank, code=code, details=details, at=at)
-
-    def _all_ranks(self) -> list[int]:
-        return list(range(len(self._stubs)))
-
-    def _send_owed(self, method: str, request, owed: _Owed) -> None:
-        """A command whose replies are read later (by _read_owed): it rides on the next one."""
-        self._riders.append((pb.Command(timeout_s=self.deadline_s, **{_SESSION_FIELDS[method]: request}), owed))
-
-    def _send_riders(self) -> None:
-        """Send the riders waiting for a command on their own, one message each."""
-        riders, self._riders = self._riders, []
-        for cmd, owed in riders:
-            for rank in owed.ranks:
-                self._sessions[rank].send(cmd, None)
-            self._owed.append(owed)
-
-    def _read_owed(self) -> bool:
-        """Read the replies of the commands sent without waiting, oldest first; whether one
-        failed (the group is then unhealthy; a verdict's batch is kept for settle)."""
-        self._send_riders()
-        owed, self._owed = self._owed, []
-        for rank in sorted({rank for o in owed for rank in o.ranks}):
-            self._sessions[rank].awaiting(self.deadline_s)  # waited for now: a hung rank times out
-        lost = False
-        for o in owed:
-            replies = [self._receive(rank) for rank in o.ranks]
-            failed = [r for r in replies if not r.ok]
-            if not failed:
-                continue
-            if o.batch_id is None and all(r.code == _INVALID for r in replies):
-                log.error("%s refused by every rank: %s", o.what, replies[0].details)  # nothing changed anywhere
-                continue
-            if o.batch_id is not None:
-                self._unacknowledged.append(o.batch_id)
-            lost = True
-            self._healthy = False
-            self.last_failure = f"{o.what} not acknowledged: {self._describe(failed, self.deadline_s)}"
-            log.error("%s", self.last_failure)
-        if owed and not lost and not self._unacknowledged and self.on_acknowledged is not None:
-            try:
-                self.on_acknowledged()
-            except Exception:  # noqa: BLE001 - the caller's command still has its reply to read
-                log.exception("on_acknowledged failed")
-        return lost
-
-
-# the tick's commands, which go on the Session streams: method -> Command field
-_SESSION_FIELDS = {"Prefill": "prefill", "Verify": "verify", "Commit": "commit", "Propose": "propose", "Release": "release"}
-
-
-def _shape_error(reply: _Reply) -> ShapeError:
+def _shape_error(reply: Reply) -> ShapeError:
     rule, _, message = reply.details.partition(": ")
     return ShapeError(rule, message or reply.details)

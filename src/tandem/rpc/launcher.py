@@ -14,8 +14,6 @@ import tempfile
 import time
 from typing import Protocol
 
-from tandem.shard.factory import ShardSpec
-
 
 class ShardLauncher(Protocol):
     def start(self) -> list[str]:
@@ -89,7 +87,7 @@ class ProcessLauncher:
 
     def _spawn(self, rank: int) -> subprocess.Popen:
         cmd = [
-            sys.executable, "-m", "tandem.rpc.shard_cli",
+            sys.executable, "-m", "tandem.shard_cli",
             "--bind", f"{self.host}:0",
             "--port-file", self._path(rank, "addr"),
             "--parent-pid", str(os.getpid()),
@@ -131,10 +129,3 @@ class ProcessLauncher:
 
     def _path(self, rank: int, kind: str) -> str:
         return os.path.join(self.log_dir, f"rank{rank}.{kind}")
-
-
-def launch_local_group(spec: ShardSpec, n: int, **group_options):
-    """A GrpcShardGroup of n local shard processes over loopback (no Ray)."""
-    from tandem.rpc.grpc_group import GrpcShardGroup
-
-    return GrpcShardGroup(spec, ProcessLauncher(n), **group_options)

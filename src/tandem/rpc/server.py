@@ -1,7 +1,8 @@
 """The shard server: the ShardControl gRPC service around one ModelShard (one rank).
 
-Init builds the rank from the ShardSpec it carries and, for world_size > 1, joins the
-collective group (torch.distributed over tcp://: gloo on the CPU, NCCL on a GPU). The
+Init builds the rank from the ShardSpec it carries, through the `build_rank` the server
+was started with (the shard process composes it: tandem.shard.factory.build_rank, so this
+module loads no model code of its own) and, for world_size > 1, joins the collective group (torch.distributed over tcp://: gloo on the CPU, NCCL on a GPU). The
 rendezvous may take up to the Init deadline; every collective after it fails after
 `collective_timeout_s`, so a rank whose peer died or hangs gives up and answers.
 
@@ -39,8 +40,8 @@ from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.limits import CHANNEL_OPTIONS
 from tandem.rpc.session_socket import SessionSocketServer
-from tandem.shard.commands import Verdict
-from tandem.shard.model_shard import ModelShard
+from tandem.shard.commands import RankDrafterInfo, Verdict
+from tandem.shard.spec import ShardSpec
 
 log = logging.getLogger("tandem.rpc.server")
 
@@ -56,9 +57,14 @@ class _Refused(Exception):
         self.code = code
 
 
+# (spec, rank, world size, join: device -> the collective group) -> (the ModelShard, its drafter's info)
+BuildRank = Callable[[ShardSpec, int, int, Callable[[torch.device], object]], tuple[object, RankDrafterInfo]]
+
+
 class ShardServicer(pb_grpc.ShardControlServicer):
-    def __init__(self, *, fault_injection: bool = False):
-        self.shard: ModelShard | None = None
+    def __init__(self, build_rank: BuildRank, *, fault_injection: bool = False):
+        self.build_rank = build_rank
+        self.shard = None  # the ModelShard, once Init built it
         self.rank = 0
         self.world_size = 1
         self.fault_injection = fault_injection
@@ -219,24 +225,9 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         spec, rank, world = codec.decode_spec(request.spec), request.rank, request.world_size
         if world < 1 or not 0 <= rank < world:
             raise ShapeError("0<=rank<world_size", f"rank {rank} of world size {world}")
-        from tandem.drafters.factory import rank_drafter_info
-        from tandem.shard.factory import build_model_shard, resolve_device
-
-        device = resolve_device(spec.device)
-        if device.type == "cuda" and device.index is None:
-            # one GPU per rank: a process that sees several takes the rank's own
-            device = torch.device("cuda", rank % torch.cuda.device_count())
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        spec = replace(spec, device=str(device))
-        tp_group = None
-        if world > 1:
-            tp_group = _join_collective_group(request, device)
+        shard, drafter = self.build_rank(spec, rank, world, lambda device: _join_collective_group(request, device))
         self.rank, self.world_size = rank, world
-        shard, _ = build_model_shard(spec, rank=rank, world_size=world, tp_group=tp_group, progress=False)
         self.shard = shard
-        drafter = rank_drafter_info(spec, shard.drafter)
-        log.info("rank %d/%d ready on %s (drafter %s %s)", rank, world, device, drafter.kind, drafter.source)
         return pb.InitReply(limits=codec.encode_limits(shard.limits), drafter=codec.encode_drafter_info(drafter))
 
     def _verify(self, cmd) -> pb.VerifyResult:
@@ -347,11 +338,12 @@ class ShardServer:
         return self.grpc.stop(grace)
 
 
-def start_shard_server(bind: str = "127.0.0.1:0", *, fault_injection: bool = False) -> tuple[ShardServer, str]:
-    """Start a shard server on `bind` (port 0 = any free port) and its session socket;
-    returns it and its address (bind's host with the bound port: a caller that bound
-    0.0.0.0 substitutes its own IP)."""
-    servicer = ShardServicer(fault_injection=fault_injection)
+def start_shard_server(build_rank: BuildRank, bind: str = "127.0.0.1:0", *,
+                       fault_injection: bool = False) -> tuple[ShardServer, str]:
+    """Start a shard server on `bind` (port 0 = any free port) and its session socket,
+    whose Init builds its rank with `build_rank`; returns it and its address (bind's host
+    with the bound port: a caller that bound 0.0.0.0 substitutes its own IP)."""
+    servicer = ShardServicer(build_rank, fault_injection=fault_injection)
     servicer.session_socket = SessionSocketServer(servicer._session_replies)  # the Session RPC's own code
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="shard-rpc"),

@@ -148,3 +148,12 @@ class ShapeRules:
         bad = [s for s in cmd.slots if not 0 <= s < self.num_slots]
         if bad:
             raise ShapeError("slots in range", f"slots {bad} outside [0, {self.num_slots})")
+
+
+@dataclass(frozen=True)
+class RankDrafterInfo:
+    """What a rank's rank-side drafter was built from (InitReply.drafter on the wire)."""
+
+    kind: str = "none"
+    source: str = ""  # the DFlash checkpoint folder, or the draft model spec
+    max_drafts: int = 0  # the most drafts a propose gives a sequence; 0 = no cap

@@ -6,35 +6,19 @@ shard server, so every rank of a group is made the same way.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 
 import torch
 
 from tandem.model.kv_cache import KVCache
 from tandem.model.loader import LoadedModel, load_model
 from tandem.model.verify_graphs import VerifyGraphs
+from tandem.shard.commands import RankDrafterInfo
 from tandem.shard.model_shard import ModelShard
+from tandem.shard.spec import ShardSpec
 
 log = logging.getLogger("tandem.shard")
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    model: str | None = None  # None = the default model
-    dtype: str = "auto"  # "float32" | "bfloat16" | "auto" (bf16 on a GPU, float32 on the CPU)
-    device: str = "auto"  # "cpu" | "cuda" | "cuda:N" | "auto"
-    num_slots: int = 64
-    max_seq_len: int = 2048
-    row_budget: int = 512
-    drafter: str = "none"  # the rank-side drafter: "none" | "draft-model" | "dflash"
-    draft_model: str | None = None
-    dflash_checkpoint: str | None = None  # a DFlash checkpoint folder; None = the weights shipped for the model
-    num_speculative_tokens: int = 4
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -71,8 +55,8 @@ def build_model_shard(
         shard_model(model, rank, world_size, group=tp_group)
         num_kv_heads = len(kv_heads_for_rank(cfg.num_kv_heads, rank, world_size))
     # CUDA graphs for the verify forward: one GPU rank (a tensor-parallel forward's collectives
-    # stay eager). TANDEM_CUDA_GRAPHS=0 turns them off.
-    graphed = device.type == "cuda" and world_size == 1 and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
+    # stay eager), unless the spec turns them off.
+    graphed = device.type == "cuda" and world_size == 1 and spec.cuda_graphs
     cache = KVCache(
         num_layers=cfg.num_layers,
         num_slots=spec.num_slots,
@@ -84,7 +68,7 @@ def build_model_shard(
         scratch_slots=1 if graphed else 0,
     )
     drafter = None
-    if rank == 0 and spec.drafter != "none":
+    if rank == 0 and spec.drafter != "none":  # "none": no drafter on the ranks
         from tandem.drafters.factory import build_rank_drafter
 
         drafter = build_rank_drafter(spec, loaded, device=device, dtype=dtype, progress=progress)
@@ -107,3 +91,21 @@ def build_model_shard(
         n = shard.capture_graphs_ahead(spec.num_speculative_tokens + 1)
         log.info("captured %d verify and prefill CUDA graphs in %.1f s", n, time.perf_counter() - t0)
     return shard, loaded
+
+
+def build_rank(spec: ShardSpec, rank: int, world_size: int, join_collective) -> tuple[ModelShard, RankDrafterInfo]:
+    """One rank of a shard server (its Init): its own GPU where a process sees several,
+    the collective group (join_collective(device)) when world_size > 1, then the shard."""
+    from tandem.drafters.factory import rank_drafter_info
+
+    device = resolve_device(spec.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    spec = replace(spec, device=str(device))
+    tp_group = join_collective(device) if world_size > 1 else None
+    shard, _ = build_model_shard(spec, rank=rank, world_size=world_size, tp_group=tp_group, progress=False)
+    drafter = rank_drafter_info(spec, shard.drafter)
+    log.info("rank %d/%d ready on %s (drafter %s %s)", rank, world_size, device, drafter.kind, drafter.source)
+    return shard, drafter

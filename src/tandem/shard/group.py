@@ -21,10 +21,12 @@ from tandem.shard.commands import (
 
 class ShardGroup(Protocol):
     limits: ShardLimits
-    # The engine's: called, on the calling thread, once the group has read every
-    # acknowledgement owed so far and all were taken, while a later command waits for
-    # its reply (a group that acknowledges at once never calls it).
-    on_acknowledged: Callable[[], None] | None
+
+    def listen_for_acknowledgements(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (the engine's OutputRelease), on the calling thread, each time the
+        group has read every acknowledgement owed so far and all were taken, while a later
+        command waits for its reply (a group that acknowledges at once never calls it)."""
+        ...
 
     def prefill(self, items: list[PrefillItem]) -> PrefillResult:
         """Run the target (and a rank-side drafter) over each item's tokens into its slot."""

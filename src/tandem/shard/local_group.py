@@ -23,7 +23,9 @@ class LocalShardGroup:
     def __init__(self, shard: ModelShard):
         self.shard = shard
         self.limits = shard.limits
-        self.on_acknowledged = None  # never called: every command is done when it returns
+
+    def listen_for_acknowledgements(self, listener) -> None:
+        pass  # never called: every command is done when it returns
 
     def prefill(self, items: list[PrefillItem]) -> PrefillResult:
         try:

@@ -4,7 +4,8 @@
   2. verdicts for every sequence first (before any emit);
   3. commit: the verdict words go to every rank, which rewind each KV to
      pre_verify_len + accepted + 1 (a group may read the acknowledgements later:
-     the engine settles them before the tick's outputs leave);
+     the batch goes to `on_committed`, whose owner, tandem.release, settles them
+     before the tick's outputs leave);
   4. emit the accepted drafts, then the bonus token, nothing past a stop;
   5. adapt, then propose the next drafts (batched, per-sequence fallback).
 
@@ -13,12 +14,13 @@ back and are verified next tick (the batch finishes with an error after
 `max_verify_failures` tries in a row). Anything else (a lost or failing rank, a
 deadline, a short result) has had the all-zero verdict sent, and finishes every
 sequence of the batch with an error naming the cause. A verdict some rank never
-acknowledged finishes its batch when the engine settles the tick; a batch whose command
+acknowledged finishes its batch when the tick is settled (tandem.release); a batch whose command
 went out behind it was not run (state_advanced=False) and waits for the recovery.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -49,9 +51,9 @@ class StepContext:
     max_verify_failures: int = 3
     draft_cap: int = 0  # this tick's batch-level cap on drafts per sequence
     batch_ids: count = field(default_factory=lambda: count(1))
-    # batch id -> its sequences, for the verdicts of this tick not yet acknowledged by
-    # every rank (the engine settles them before the tick's outputs leave)
-    unsettled: dict[int, list[Sequence]] = field(default_factory=dict)
+    # told of each verdict sent (batch id, its sequences): their outputs wait for every
+    # rank's acknowledgement (tandem.release.OutputRelease.committed)
+    on_committed: Callable[[int, list[Sequence]], None] = lambda batch_id, batch: None
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
@@ -83,7 +85,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     except ShardError as e:
         _fail(batch, f"verify verdict not delivered: {e}", ctx)
         return
-    ctx.unsettled[cmd.batch_id] = batch
+    ctx.on_committed(cmd.batch_id, batch)
 
     for i, s in enumerate(batch):
         s.verify_failures = 0

@@ -42,13 +42,12 @@ def _cpu_has_bf16_matmul() -> bool:
     return False
 
 
-def dflash_dtype(device, dtype: torch.dtype) -> torch.dtype:
+def dflash_dtype(device, dtype: torch.dtype, forced: str | None = None) -> torch.dtype:
     """The drafter's dtype beside a target of `dtype`: the target's, except a float32 target
     on a CPU with native bf16 matmuls, where the drafter (trained and shipped in bf16) runs
     in bf16: its LM head rows alone are a third of a target step's bytes in float32.
-    TANDEM_DFLASH_DTYPE=float32|bfloat16 overrides. The drafter's dtype changes which
-    drafts come, never the output: the target verifies every draft."""
-    forced = os.environ.get("TANDEM_DFLASH_DTYPE")
+    `forced` (ShardSpec.dflash_dtype: float32, bfloat16) overrides. The drafter's dtype
+    changes which drafts come, never the output: the target verifies every draft."""
     if forced:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[forced]
     if torch.device(device).type == "cpu" and dtype == torch.float32 and _cpu_has_bf16_matmul():
@@ -59,12 +58,13 @@ def dflash_dtype(device, dtype: torch.dtype) -> torch.dtype:
 def build_dflash_drafter(spec, target, *, device, dtype) -> DFlashDrafter:
     """The DFlash drafter of a ShardSpec beside the loaded target (a LoadedModel):
     spec.dflash_checkpoint, or the weights shipped for the target when that is None."""
-    folder = getattr(spec, "dflash_checkpoint", None) or shipped_checkpoint(target.name)
-    model = load_dflash_checkpoint(folder, dtype=dflash_dtype(device, dtype), device=device)
+    folder = spec.dflash_checkpoint or shipped_checkpoint(target.name)
+    model = load_dflash_checkpoint(folder, dtype=dflash_dtype(device, dtype, spec.dflash_dtype), device=device)
     trained_for = model.config.extra.get("tandem", {}).get("target_model")
     if trained_for and trained_for != target.name:
         log.warning("DFlash checkpoint %s was trained for %r, the target is %r: expect few accepted drafts",
                     folder, trained_for, target.name)
-    drafter = DFlashDrafter(model, target.model, num_slots=spec.num_slots, max_seq_len=spec.max_seq_len)
+    drafter = DFlashDrafter(model, target.model, num_slots=spec.num_slots, max_seq_len=spec.max_seq_len,
+                            cuda_graphs=None if spec.dflash_cuda_graphs else False)
     drafter.checkpoint = os.path.abspath(folder)  # what the shard reports it loaded
     return drafter

@@ -43,7 +43,7 @@ from tandem.shard.commands import SamplingSpec
 # On a CUDA device the block forward and the flush of small commits replay CUDA graphs
 # (one per shape bucket): the context read is padded to a multiple of CTX_BUCKET, the batch
 # to a power of two, a flush to a power of two of rows (up to FLUSH_MAX_ROWS; larger ones,
-# long prompts, run eagerly). Set TANDEM_DFLASH_CUDA_GRAPHS=0 to run everything eagerly.
+# long prompts, run eagerly). ShardSpec.dflash_cuda_graphs=False runs everything eagerly.
 CTX_BUCKET = 256
 FLUSH_MAX_ROWS = 512
 PENDING_MAX = 32  # commits a slot keeps pending before they are folded into its context
@@ -93,7 +93,7 @@ class DFlashDrafter:
         self._mask_ids = torch.full((self.block_size - 1,), c.mask_token_id, dtype=torch.long, device=self.device)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda" and os.environ.get("TANDEM_DFLASH_CUDA_GRAPHS", "1") != "0"
+            cuda_graphs = self.device.type == "cuda"
         # (kind, shape bucket) -> captured graph; None = eager (the CPU, or graphs turned off).
         # Asked for on a CPU, the same padded static shapes run without capture (what the
         # tests check there).

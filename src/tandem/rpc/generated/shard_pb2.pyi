@@ -12,7 +12,7 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("model", "dtype", "device", "num_slots", "max_seq_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens", "dflash_checkpoint")
+    __slots__ = ("model", "dtype", "device", "num_slots", "max_seq_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens", "dflash_checkpoint", "cuda_graphs", "dflash_cuda_graphs", "dflash_dtype")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,9 @@ class ShardSpec(_message.Message):
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DFLASH_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    CUDA_GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    DFLASH_CUDA_GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    DFLASH_DTYPE_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     device: str
@@ -33,7 +36,10 @@ class ShardSpec(_message.Message):
     draft_model: str
     num_speculative_tokens: int
     dflash_checkpoint: str
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., dflash_checkpoint: _Optional[str] = ...) -> None: ...
+    cuda_graphs: bool
+    dflash_cuda_graphs: bool
+    dflash_dtype: str
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., dflash_checkpoint: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., dflash_cuda_graphs: _Optional[bool] = ..., dflash_dtype: _Optional[str] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("spec", "rank", "world_size", "collective_address", "collective_timeout_s", "backend")

@@ -31,10 +31,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tandem.rpc.server import start_shard_server
+    from tandem.shard.factory import build_rank
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    server, address = start_shard_server(args.bind, fault_injection=args.fault_injection)
+    server, address = start_shard_server(build_rank, args.bind, fault_injection=args.fault_injection)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,76 @@
+"""The drafter registry: each drafter's name, where it runs, and what it checks in a
+config. The one place that knows drafters by name (building them: drafters.factory)."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tandem.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    runs: str  # "nowhere", "scheduler" (beside the engine) or "rank" (on shard rank 0: it has a model)
+    whole_blocks: bool = False  # drafts a whole block a round (see tandem.batching.batch_width)
+    needs_draft_model: bool = False  # a draft_model must be configured
+    # (model, checkpoint) -> (its absolute folder, the most drafts it gives a round), for a
+    # drafter whose checkpoint caps its drafts; InvalidRequestError naming the field otherwise
+    checkpoint: Callable[[str | None, str | None], tuple[str, int]] | None = None
+
+    @property
+    def on_rank(self) -> bool:
+        return self.runs == "rank"
+
+
+def resolve_dflash_checkpoint(model: str | None, checkpoint: str | None) -> tuple[str, int]:
+    """(absolute folder, block_size) of the DFlash checkpoint an engine on `model` loads:
+    `checkpoint`, or the weights shipped for the model when it is None. Reads only the
+    folder's config.json; InvalidRequestError naming dflash_checkpoint when it does not fit."""
+    from tandem.drafters.dflash import DFlashConfig, shipped_checkpoint
+    from tandem.model.loader import model_name
+
+    field = "dflash_checkpoint"
+    if checkpoint is None:
+        try:
+            folder = shipped_checkpoint(model_name(model))
+        except ValueError as e:
+            raise InvalidRequestError(field, str(e)) from None
+    else:
+        folder = os.path.abspath(os.path.expanduser(checkpoint))
+        if not os.path.isdir(folder):
+            raise InvalidRequestError(field, f"{checkpoint!r} is not a folder (give a DFlash checkpoint folder)")
+    config_path = os.path.join(folder, "config.json")
+    has_weights = any(name.endswith(".safetensors") for name in os.listdir(folder))
+    if not os.path.isfile(config_path) or not has_weights:
+        raise InvalidRequestError(field, f"{folder!r} is not a DFlash checkpoint (it needs config.json and *.safetensors)")
+    try:
+        with open(config_path) as f:
+            config = DFlashConfig.from_dict(json.load(f))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise InvalidRequestError(field, f"{folder!r} is not a DFlash checkpoint: {type(e).__name__}: {e}") from None
+    return folder, config.block_size
+
+
+def _dflash_drafts(model: str | None, checkpoint: str | None) -> tuple[str, int]:
+    folder, block_size = resolve_dflash_checkpoint(model, checkpoint)
+    return folder, block_size - 1  # one block = the last token + block_size - 1 drafts
+
+
+DRAFTER_KINDS: dict[str, DrafterKind] = {k.name: k for k in (
+    DrafterKind("none", runs="nowhere"),
+    DrafterKind("ngram", runs="scheduler"),
+    DrafterKind("draft-model", runs="rank", needs_draft_model=True),
+    DrafterKind("dflash", runs="rank", whole_blocks=True, checkpoint=_dflash_drafts),
+)}
+DRAFTERS = tuple(DRAFTER_KINDS)
+
+
+def drafter_kind(name: str) -> DrafterKind:
+    """The registered drafter `name`; InvalidRequestError naming `drafter` for any other."""
+    kind = DRAFTER_KINDS.get(name)
+    if kind is None:
+        raise InvalidRequestError("drafter", f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    return kind
