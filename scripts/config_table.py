@@ -46,18 +46,17 @@ def _flags(action: argparse.Action) -> str:
 
 
 def serve_args_table() -> str:
-    """One row per builder field, with the `tandem serve` flag that sets it (if any)."""
-    from tandem.serve.args import TandemServeArgs
-    from tandem.serve.cli import add_arguments
+    """One row per builder field (the engine's first), with the `tandem serve` flag that sets it."""
+    from tandem.serve.args import ENGINE_FIELDS, TandemServeArgs
+    from tandem.serve.cli import NOTES, add_arguments
 
     by_dest = {a.dest: a for a in _options(_parser(add_arguments))}
+    fields = TandemServeArgs.model_fields
     rows = ["| field (Serve YAML, builder) | `tandem serve` flag | default | what it does |", "|---|---|---|---|"]
-    for name, field in TandemServeArgs.model_fields.items():
-        action = by_dest.get(name)
+    for name in (*ENGINE_FIELDS, *(n for n in fields if n not in ENGINE_FIELDS)):
+        field, action = fields[name], by_dest.get(name)
         flag = _flags(action) if action else "—"
-        text = field.description or ""
-        if action is not None and action.help and action.help != text:
-            text += f" `tandem serve`: {action.help}"  # where the flag's default differs
+        text = (field.description or "") + (f" {NOTES[name]}" if name in NOTES else "")
         rows.append(f"| `{name}` | {flag} | {_default(field.default)} | {_cell(text)} |")
     return "\n".join(rows)
 
@@ -75,14 +74,22 @@ def serve_only_table() -> str:
 
 
 def generate_table() -> str:
+    """Its own options with their defaults, then the engine's with EngineConfig's."""
     from tandem.cli_generate import add_arguments
 
     rows = ["| `tandem generate` option | default | what it does |", "|---|---|---|"]
-    parser = _parser(add_arguments)
-    for a in parser._actions:
+    for a in _parser(add_arguments)._actions:
         names = _flags(a) if a.option_strings else f"`{a.dest}` (positional)"
-        rows.append(f"| {names} | {_default(a.default)} | {_cell(a.help or '')} |")
+        default = _engine_default(a.dest) if a.default is argparse.SUPPRESS else _default(a.default)
+        rows.append(f"| {names} | {default} | {_cell(a.help or '')} |")
     return "\n".join(rows)
+
+
+def _engine_default(name: str) -> str:
+    from tandem.config import EngineConfig
+
+    f = {f.name: f for f in dataclasses.fields(EngineConfig)}[name]
+    return f"`${f.metadata['env']}`" if "env" in f.metadata else _default(f.default)
 
 
 def engine_config_table() -> str:
@@ -90,8 +97,7 @@ def engine_config_table() -> str:
 
     rows = ["| `EngineConfig` field | default | what it does |", "|---|---|---|"]
     for f in dataclasses.fields(EngineConfig):
-        default = f"`${f.metadata['env']}`" if "env" in f.metadata else _default(f.default)
-        rows.append(f"| `{f.name}` | {default} | {_cell(f.metadata.get('help', ''))} |")
+        rows.append(f"| `{f.name}` | {_engine_default(f.name)} | {_cell(f.metadata.get('help', ''))} |")
     return "\n".join(rows)
 
 

@@ -5,33 +5,28 @@ import argparse
 import json
 import sys
 
-from tandem.drafters.registry import DRAFTERS, drafter_kind
+from tandem.config_flags import add_flags, engine_options, given
+from tandem.drafters.registry import drafter_kind
 from tandem.errors import InvalidRequestError, TandemError
 
 
+# the engine's batch is --batch prompts at once
+ENGINE_OPTIONS = engine_options(exclude=("max_num_seqs",))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The prompts and their sampling, then a flag for every EngineConfig field."""
     p.add_argument("prompt", nargs="?", help="The prompt (raw text, as /v1/completions; --chat applies the chat template).")
     p.add_argument("--prompt-file", help="A file with one prompt per line.")
-    p.add_argument("--model", default=None, help="Target model (default: SmolLM2-135M-Instruct).")
-    p.add_argument("--drafter", default="ngram", choices=DRAFTERS, help="Who proposes drafts.")
-    p.add_argument("--draft-model", default=None, help="Draft model for --drafter draft-model.")
-    p.add_argument("--dflash-checkpoint", default=None, metavar="PATH",
-                   help="A DFlash checkpoint folder (config.json + *.safetensors) for --drafter dflash; default: the weights shipped for the model.")
-    p.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help="Most drafts per sequence per round (default: block_size - 1 of the DFlash checkpoint with --drafter dflash, else 4).")
     p.add_argument("--max-tokens", type=int, default=64, help="Most tokens to generate per prompt.")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; above 0, lossless speculative sampling.")
     p.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass, in (0, 1].")
     p.add_argument("--top-k", type=int, default=0, help="Sample from the k most likely tokens (0 = off).")
     p.add_argument("--seed", type=int, default=None, help="Seed of the sampler, for reproducible sampling.")
-    p.add_argument("--batch", type=int, default=8, help="How many prompts go into the engine at once.")
+    p.add_argument("--batch", type=int, default=8, help="How many prompts go into the engine at once (its max_num_seqs).")
     p.add_argument("--chat", action="store_true", help="Apply the tokenizer's chat template to each prompt.")
     p.add_argument("--json", action="store_true", help="One JSON object per line instead of text.")
-    p.add_argument("--shards", type=int, default=1, help="Run the target on N local gRPC shard processes (tensor parallel).")
-    p.add_argument("--max-seq-len", type=int, default=1024, help="Context per sequence: prompt + output.")
-    p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda.")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="Weights dtype: auto (bf16 on a GPU, float32 on the CPU).")
+    add_flags(p, ENGINE_OPTIONS)
 
 
 def _prompts(args) -> list[str]:
@@ -58,20 +53,11 @@ def run(args) -> int:
         )
         if args.batch < 1:
             raise InvalidRequestError("batch", f"must be >= 1, got {args.batch}")
-        if args.dflash_checkpoint is not None and drafter_kind(args.drafter).checkpoint is None:
-            raise InvalidRequestError("dflash_checkpoint", f"is for --drafter dflash, not {args.drafter!r}")
-        engine = Engine.from_config(
-            model=args.model,
-            drafter=args.drafter,
-            draft_model=args.draft_model,
-            dflash_checkpoint=args.dflash_checkpoint,
-            num_speculative_tokens=args.num_speculative_tokens,
-            shards=args.shards,
-            max_num_seqs=max(args.batch, 1),
-            max_seq_len=args.max_seq_len,
-            device=args.device,
-            dtype=args.dtype,
-        )
+        options = given(args, ENGINE_OPTIONS)
+        drafter = options.get("drafter", "ngram")
+        if options.get("dflash_checkpoint") is not None and drafter_kind(drafter).checkpoint is None:
+            raise InvalidRequestError("dflash_checkpoint", f"is for --drafter dflash, not {drafter!r}")
+        engine = Engine.from_config(max_num_seqs=max(args.batch, 1), **options)
     except (TandemError, ValueError, FileNotFoundError) as e:
         print(f"tandem generate: {e}", file=sys.stderr)
         return 2

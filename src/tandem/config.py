@@ -3,7 +3,8 @@ ShardSpec (tandem.shard.spec) takes its own from here."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
+from typing import Literal
 
 from tandem.drafters.registry import drafter_kind
 from tandem.errors import InvalidRequestError
@@ -12,9 +13,10 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4  # when the drafter has no block size of its 
 MAX_NUM_SPECULATIVE_TOKENS = 16
 
 
-def _option(default, help: str):
-    """A config field with its help text (the README's configuration table reads it)."""
-    return field(default=default, metadata={"help": help})
+def _option(default, help: str, **bounds):
+    """A config field with its help text and bounds (ge, le): the README's configuration
+    table and the served app's arguments (tandem.serve.args) are derived from them."""
+    return field(default=default, metadata={"help": help, **bounds})
 
 
 def _env_option(variable: str, parse, help: str):
@@ -37,17 +39,17 @@ class EngineConfig:
     drafter: str = _option("ngram", "Who proposes drafts: none, ngram, draft-model or dflash.")
     draft_model: str | None = _option(None, "The draft model for drafter='draft-model'; must share the target's tokenizer.")
     dflash_checkpoint: str | None = _option(None, "For drafter='dflash': a checkpoint folder (config.json + *.safetensors); None = the weights shipped for the model.")
-    num_speculative_tokens: int | None = _option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.")
+    num_speculative_tokens: int | None = _option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.", ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)
     adaptive: bool = _option(True, "Adapt the draft count per sequence (by its acceptance) and cap it per batch (by measured forward costs).")
-    max_num_seqs: int = _option(32, "Sequences running at once (KV slots per rank).")
-    max_seq_len: int = _option(1024, "Context per sequence: prompt + output.")
-    row_budget: int = _option(256, "Most rows in one target forward (n sequences x k rows).")
-    shards: int = _option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).")
+    max_num_seqs: int = _option(32, "Sequences running at once (KV slots per rank).", ge=1, le=4096)
+    max_seq_len: int = _option(1024, "Context per sequence: prompt + output.", ge=1, le=131072)
+    row_budget: int = _option(256, "Most rows in one target forward (n sequences x k rows).", ge=1, le=65536)
+    shards: int = _option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).", ge=1, le=64)
     device: str = _option("auto", "auto (a GPU when there is one), cpu, cuda.")
-    dtype: str = _option("auto", "Weights dtype: auto (bf16 on a GPU, float32 on the CPU), float32, bfloat16.")
-    max_verify_failures: int = _option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.")
-    ngram_max: int = _option(4, "Longest n-gram the ngram drafter looks up in the context.")
-    ngram_min: int = _option(1, "Shortest n-gram the ngram drafter looks up.")
+    dtype: Literal["auto", "float32", "bfloat16"] = _option("auto", "Weights dtype: auto (bf16 on a GPU, float32 on the CPU), float32, bfloat16.")
+    max_verify_failures: int = _option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.", ge=1)
+    ngram_max: int = _option(4, "Longest n-gram the ngram drafter looks up in the context.", ge=1)
+    ngram_min: int = _option(1, "Shortest n-gram the ngram drafter looks up.", ge=1)
     cuda_graphs: bool = _env_option("TANDEM_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the target's verify and prefill forwards on one GPU rank (a tensor-parallel target always runs eagerly). Default: on unless TANDEM_CUDA_GRAPHS=0.")
     dflash_cuda_graphs: bool = _env_option("TANDEM_DFLASH_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the DFlash drafter's forwards. Default: on unless TANDEM_DFLASH_CUDA_GRAPHS=0.")
     dflash_dtype: str | None = _env_option("TANDEM_DFLASH_DTYPE", lambda v: v or None, "The DFlash drafter's dtype (float32, bfloat16); None = the target's (bf16 beside a float32 target on a CPU with bf16 matmuls). Default: TANDEM_DFLASH_DTYPE.")
@@ -56,13 +58,9 @@ class EngineConfig:
         kind = drafter_kind(self.drafter)
         if kind.needs_draft_model and not self.draft_model:
             raise InvalidRequestError("draft_model", f"drafter {kind.name!r} needs a draft model")
-        for name in ("max_num_seqs", "max_seq_len", "row_budget", "shards", "max_verify_failures"):
-            if getattr(self, name) < 1:
-                raise InvalidRequestError(name, f"must be >= 1, got {getattr(self, name)}")
         self._resolve_speculative_tokens()
-        if not 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS:
-            raise InvalidRequestError("num_speculative_tokens",
-                                      f"must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}")
+        for f in fields(self):
+            _check_bounds(f, getattr(self, f.name))
         if self.row_budget < self.num_speculative_tokens + 1:
             raise InvalidRequestError("row_budget", "must fit one sequence's rows (num_speculative_tokens + 1)")
 
@@ -109,3 +107,14 @@ class EngineConfig:
             dflash_cuda_graphs=self.dflash_cuda_graphs,
             dflash_dtype=self.dflash_dtype,
         )
+
+
+def _check_bounds(f: Field, value) -> None:
+    """InvalidRequestError naming the field when `value` is outside its ge / le bounds."""
+    ge, le = f.metadata.get("ge"), f.metadata.get("le")
+    if value is None or (ge is None and le is None):
+        return
+    if (ge is not None and value < ge) or (le is not None and value > le):
+        if le is None:
+            raise InvalidRequestError(f.name, f"must be >= {ge}, got {value}")
+        raise InvalidRequestError(f.name, f"must be in [{ge}, {le}], got {value}")

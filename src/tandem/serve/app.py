@@ -38,9 +38,7 @@ class TandemEngine:
 
         a = TandemServeArgs.model_validate(args)
         self.handle = start(
-            model=a.model,
             tensor_parallel=a.tensor_parallel_size,
-            drafter=a.drafter,
             served_model_name=a.served_model_name,
             scheduler_num_cpus=a.scheduler_num_cpus,
             shard_num_gpus=a.shard_num_gpus,
@@ -52,14 +50,7 @@ class TandemEngine:
             session_spin_us=a.session_spin_us,
             name=a.engine_actor_name,
             namespace=ENGINE_NAMESPACE,
-            draft_model=a.draft_model,
-            dflash_checkpoint=a.dflash_checkpoint,
-            num_speculative_tokens=a.num_speculative_tokens,
-            max_num_seqs=a.max_num_seqs,
-            max_seq_len=a.max_seq_len,
-            row_budget=a.row_budget,
-            device=a.device,
-            dtype=a.dtype,
+            **a.engine_options(),
         )
         log.info("engine up: %s", self.handle.model_name)
 

@@ -1,35 +1,40 @@
-"""The builder's arguments: what a Serve config or `tandem serve` may set."""
+"""The builder's arguments: what a Serve config, KubeRay's serveConfigV2 or `tandem serve`
+may set, as one pydantic model, TandemServeArgs.
+
+Its engine fields are EngineConfig's (tandem.config), taken with their types, defaults,
+bounds and help: the served engine has the embedded engine's options and defaults, and
+nothing is copied by hand. The serving layer's own fields (placement, HTTP, limits)
+are declared here. `tandem serve`'s flags and the README's tables derive from this model.
+"""
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from tandem.drafters.factory import resolve_dflash_checkpoint
+from tandem.config import EngineConfig
+from tandem.drafters.registry import DRAFTERS, drafter_kind
 from tandem.errors import InvalidRequestError
 
+# EngineConfig's `shards` is tensor_parallel_size here: the ranks are shard actors
+_NOT_SERVED = ("shards",)
 
-class TandemServeArgs(BaseModel):
+
+class _ServingArgs(BaseModel):
+    """The fields of the serving layer; TandemServeArgs adds the engine's."""
+
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model: str | None = Field(None, description="Target model: a known name (smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder, a .gguf file, or a hub name. None = SmolLM2-135M-Instruct.")
     served_model_name: str | None = Field(None, description="The model id clients send and /v1/models lists; defaults to the model's name.")
-    drafter: Literal["none", "ngram", "draft-model", "dflash"] = Field("ngram", description="Who proposes drafts: none, n-gram prompt lookup, a draft model, or DFlash.")
-    draft_model: str | None = Field(None, description="The draft model for drafter=draft-model; must share the target's tokenizer.")
-    dflash_checkpoint: str | None = Field(None, description="For drafter=dflash: a DFlash checkpoint folder (config.json + *.safetensors) on the shard nodes; None = the weights shipped for the model.")
-    num_speculative_tokens: int | None = Field(None, ge=0, le=16, description="Most drafts per sequence per verify round; None = block_size - 1 of the DFlash checkpoint for drafter=dflash, else 4.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="Shard ranks the target is split over (one shard actor each, one GPU each where there are GPUs).")
-    max_num_seqs: int = Field(32, ge=1, le=4096, description="Sequences running at once (KV slots per rank).")
-    max_seq_len: int = Field(1024, ge=16, le=131072, description="Context length per sequence (prompt + output).")
-    row_budget: int = Field(256, ge=2, le=65536, description="Most rows one target forward takes (n sequences x k rows).")
     max_tokens_limit: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description="Largest request body in bytes; a larger one is answered 413 (from its Content-Length, before it is read). 8 MiB holds a long context many times over, as text or token ids.")
     max_prompt_chars: int | None = Field(None, ge=1, description="Longest prompt text in characters (a completion's prompt, or a chat's message contents together), refused with a 400 before it reaches the tokenizer, which runs on the engine's step thread (1 MB of text stalls every running stream ~1.4 s on a CPU core). None = 32 x max_seq_len: no longer text fits the context (real text runs ~4 characters a token). The exact cap on prompt tokens is max_seq_len.")
     max_stop_strings: int = Field(4, ge=0, le=64, description="Most stop strings a request may give (OpenAI's limit is 4).")
     max_stop_chars: int = Field(256, ge=1, le=65536, description="Longest stop string in characters: every stream holds back that much text while it might be a stop string's start.")
     max_waiting_requests: int = Field(128, ge=0, description="Requests each ingress replica holds beyond the engine's max_num_seqs slots, waiting for one; past that a request is answered 429 with Retry-After. 128 (4 x the default max_num_seqs): one at the back of that queue waits about four requests' time, beyond which coming back later serves a client better than a queue it would time out in.")
-    device: str = Field("auto", description="Shard device: auto (a GPU when the actor has one), cpu, cuda.")
-    dtype: str = Field("auto", description="Weights dtype: auto (bf16 on GPU, float32 on CPU), float32, bfloat16.")
     api_key: str | None = Field(None, description="When set, requests must carry 'Authorization: Bearer <api_key>'.")
     rpc_deadline_s: float = Field(30.0, gt=0, description="Deadline of each shard RPC; a hung rank fails its batch after this.")
     shard_num_gpus: float = Field(0.0, ge=0, description="GPUs per shard actor (1 on a GPU cluster, 0 on CPU).")
@@ -43,34 +48,64 @@ class TandemServeArgs(BaseModel):
     session_spin_us: int | None = Field(None, ge=0, le=1_000_000, description="How long the scheduler and each shard rank busy-poll their session socket for the next message before they block, in microseconds: 0.1-0.2 ms off every tick on an H200 host (verify_legs), for a core each kept busy while requests run. None: 20000 where a process may use 8 cores or more (its CPU affinity, within its container's CPU quota), else 0 (no polling).")
     engine_actor_name: str | None = Field(None, description="Name the scheduler actor (Ray namespace 'tandem') so other Ray programs can use the served engine through tandem.actors.connect(name).")
 
-    @field_validator("dflash_checkpoint")
+    @field_validator("dflash_checkpoint", check_fields=False)
     @classmethod
     def _absolute_checkpoint(cls, value: str | None) -> str | None:
         # checked here, and made absolute: the shard actors do not run in this cwd
         if value is None:
             return None
         try:
-            return resolve_dflash_checkpoint(None, value)[0]
+            return drafter_kind("dflash").checkpoint(None, value)[0]
         except InvalidRequestError as e:
             raise ValueError(e.message) from None
 
     @model_validator(mode="after")
-    def _check_in_process_target(self) -> "TandemServeArgs":
+    def _check_in_process_target(self):
         if self.in_process_target and self.tensor_parallel_size != 1:
             raise ValueError(f"in_process_target: holds one rank, not tensor_parallel_size {self.tensor_parallel_size}")
         return self
 
     @model_validator(mode="after")
-    def _check_dflash(self) -> "TandemServeArgs":
-        if self.dflash_checkpoint is not None and self.drafter != "dflash":
+    def _check_engine(self):
+        """What EngineConfig checks (the drafter's checkpoint and draft count, the row
+        budget), before anything starts."""
+        if self.dflash_checkpoint is not None and drafter_kind(self.drafter).checkpoint is None:
             raise ValueError(f"dflash_checkpoint: is for drafter=dflash, not {self.drafter!r}")
-        if self.drafter == "dflash":
-            try:
-                _, block_size = resolve_dflash_checkpoint(self.model, self.dflash_checkpoint)
-            except InvalidRequestError as e:
-                raise ValueError(str(e)) from None
-            gamma = self.num_speculative_tokens
-            if gamma is not None and gamma > block_size - 1:
-                raise ValueError(f"num_speculative_tokens: the DFlash checkpoint drafts at most block_size - 1 = "
-                                 f"{block_size - 1} tokens, got {gamma}")
+        try:
+            self.engine_config()
+        except InvalidRequestError as e:
+            raise ValueError(str(e)) from None
         return self
+
+    def engine_options(self) -> dict:
+        """The EngineConfig fields this app sets (an environment-backed one left None keeps
+        the engine's own default, read where the engine runs)."""
+        options = {name: getattr(self, name) for name in ENGINE_FIELDS}
+        return {k: v for k, v in options.items() if v is not None or k not in _ENV_BACKED}
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(shards=self.tensor_parallel_size, **self.engine_options())
+
+
+def _engine_fields() -> dict[str, tuple]:
+    """EngineConfig's fields as pydantic fields: type, default, bounds and help."""
+    hints = typing.get_type_hints(EngineConfig)
+    out = {}
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in _NOT_SERVED:
+            continue
+        kind = Literal[DRAFTERS] if f.name == "drafter" else hints[f.name]
+        bounds = {k: f.metadata[k] for k in ("ge", "le") if k in f.metadata}
+        if f.default is dataclasses.MISSING:  # read from the environment where the engine runs
+            kind, default = kind | None, None
+        else:
+            default = f.default
+        out[f.name] = (kind, Field(default, description=f.metadata["help"], **bounds))
+    return out
+
+
+_ENV_BACKED = {f.name for f in dataclasses.fields(EngineConfig) if "env" in f.metadata}
+ENGINE_FIELDS = tuple(_engine_fields())
+
+TandemServeArgs = create_model("TandemServeArgs", __base__=_ServingArgs, __module__=__name__, **_engine_fields())
+TandemServeArgs.__doc__ = "The served app's arguments: the serving layer's fields, then EngineConfig's."

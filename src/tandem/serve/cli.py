@@ -18,73 +18,38 @@ import time
 
 from pydantic import ValidationError
 
+from tandem.config_flags import Option, add_flags, given
 from tandem.serve.args import TandemServeArgs
 
 log = logging.getLogger("tandem.serve")
 
 
+ALIASES = {"tensor_parallel_size": ("--shards",), "shard_num_gpus": ("--gpus-per-shard",)}
+NOTES = {"shard_num_gpus": "Not given, tandem serve takes 1 where this machine has a GPU (and --device is not cpu), else 0."}
+
+
+def _options() -> list[Option]:
+    return [Option(name, f.annotation, f.default, f.description or "") for name, f in TandemServeArgs.model_fields.items()]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    fields = TandemServeArgs.model_fields
-    p.add_argument("--model", default=None, help=fields["model"].description)
-    p.add_argument("--served-model-name", default=None, help=fields["served_model_name"].description)
-    p.add_argument("--drafter", default="ngram", choices=["none", "ngram", "draft-model", "dflash"], help=fields["drafter"].description)
-    p.add_argument("--draft-model", default=None, help=fields["draft_model"].description)
-    p.add_argument("--dflash-checkpoint", default=None, metavar="PATH", help=fields["dflash_checkpoint"].description)
-    p.add_argument("--num-speculative-tokens", type=int, default=None, help=fields["num_speculative_tokens"].description)
-    p.add_argument("--shards", "--tensor-parallel-size", dest="shards", type=int, default=1, help=fields["tensor_parallel_size"].description)
-    p.add_argument("--max-num-seqs", type=int, default=32, help=fields["max_num_seqs"].description)
-    p.add_argument("--max-seq-len", type=int, default=1024, help=fields["max_seq_len"].description)
-    p.add_argument("--max-tokens-limit", type=int, default=1024, help=fields["max_tokens_limit"].description)
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20, metavar="BYTES", help=fields["max_body_bytes"].description)
-    p.add_argument("--max-prompt-chars", type=int, default=None, metavar="N", help=fields["max_prompt_chars"].description)
-    p.add_argument("--max-stop-strings", type=int, default=4, metavar="N", help=fields["max_stop_strings"].description)
-    p.add_argument("--max-stop-chars", type=int, default=256, metavar="N", help=fields["max_stop_chars"].description)
-    p.add_argument("--max-waiting-requests", type=int, default=128, metavar="N", help=fields["max_waiting_requests"].description)
-    p.add_argument("--device", default="auto", help=fields["device"].description)
-    p.add_argument("--dtype", default="auto", help=fields["dtype"].description)
-    p.add_argument("--in-process-target", action="store_true", help=fields["in_process_target"].description)
-    p.add_argument("--no-session-socket", dest="session_socket", action="store_false", help=fields["session_socket"].description)
-    p.add_argument("--session-spin-us", type=int, default=None, metavar="US", help=fields["session_spin_us"].description)
-    p.add_argument("--ingress-replicas", type=int, default=1, metavar="N", help=fields["ingress_replicas"].description)
-    p.add_argument("--gpus-per-shard", type=float, default=None, help="GPUs per shard actor (default: 1 when this machine has a GPU, else 0).")
+    """A flag for every TandemServeArgs field, then the local cluster's own."""
+    add_flags(p, _options(), aliases=ALIASES, notes=NOTES)
     p.add_argument("--host", default="127.0.0.1", help="Address the HTTP server binds (0.0.0.0 to listen on all interfaces).")
     p.add_argument("--port", type=int, default=8000, help="HTTP port.")
-    p.add_argument("--api-key", default=None, help=fields["api_key"].description)
     p.add_argument("--address", default=None, help="Join this Ray cluster instead of starting a local one.")
     p.add_argument("--num-cpus", type=int, default=None, help="Logical CPUs of the local Ray cluster (default: twice the cores, at least 4).")
 
 
 def serve_args(args: argparse.Namespace) -> TandemServeArgs:
-    gpus = args.gpus_per_shard
-    if gpus is None:
+    """The app's arguments from the command line: what it set, the model's defaults for the rest."""
+    fields = given(args, _options())
+    if "shard_num_gpus" not in fields:
         import torch
 
-        gpus = 1.0 if torch.cuda.is_available() and args.device != "cpu" else 0.0
-    return TandemServeArgs(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        drafter=args.drafter,
-        draft_model=args.draft_model,
-        dflash_checkpoint=args.dflash_checkpoint,
-        num_speculative_tokens=args.num_speculative_tokens,
-        tensor_parallel_size=args.shards,
-        max_num_seqs=args.max_num_seqs,
-        max_seq_len=args.max_seq_len,
-        max_tokens_limit=args.max_tokens_limit,
-        max_body_bytes=args.max_body_bytes,
-        max_prompt_chars=args.max_prompt_chars,
-        max_stop_strings=args.max_stop_strings,
-        max_stop_chars=args.max_stop_chars,
-        max_waiting_requests=args.max_waiting_requests,
-        device=args.device,
-        dtype=args.dtype,
-        api_key=args.api_key,
-        shard_num_gpus=gpus,
-        in_process_target=args.in_process_target,
-        session_socket=args.session_socket,
-        session_spin_us=args.session_spin_us,
-        ingress_replicas=args.ingress_replicas,
-    )
+        gpu = torch.cuda.is_available() and fields.get("device", "auto") != "cpu"
+        fields["shard_num_gpus"] = 1.0 if gpu else 0.0
+    return TandemServeArgs(**fields)
 
 
 def validation_message(e: ValidationError) -> str:
