@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 
-log = logging.getLogger("tandem.rpc.shard")
+log = logging.getLogger("tandem.shard")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

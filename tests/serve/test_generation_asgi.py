@@ -6,8 +6,9 @@ import asyncio
 import json
 
 from tandem.outputs import RequestOutput, Usage
-from tandem.serve import generation
+from tandem.serve.args import TandemServeArgs
 from tandem.serve.api import create_app
+from tandem.serve.limits import ServeLimits
 
 
 class EndlessBackend:
@@ -81,10 +82,9 @@ def test_a_get_on_a_generation_endpoint_is_a_405_openai_error():
     assert status == 405 and err["code"] == "method_not_allowed"
 
 
-def test_a_body_over_the_limit_is_a_413_and_the_app_keeps_serving(monkeypatch):
-    monkeypatch.setattr(generation, "MAX_BODY_BYTES", 64)
-    app = create_app(EndlessBackend())
-    big = json.dumps({"model": "fake", "prompt": "x" * 100, "max_tokens": 1}).encode()
+def test_a_body_over_the_limit_is_a_413_and_the_app_keeps_serving():
+    app = create_app(EndlessBackend(), limits=ServeLimits.from_args(TandemServeArgs(max_body_bytes=1024)))
+    big = json.dumps({"model": "fake", "prompt": "x" * 2000, "max_tokens": 1}).encode()
     status, err = error_of(asyncio.run(call(app, scope(), big)))
     assert status == 413 and err["code"] == "body_too_large"
     status, err = error_of(asyncio.run(call(app, scope(), b'{"model": "fake"}')))

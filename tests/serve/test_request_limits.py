@@ -26,7 +26,8 @@ def _ok(v1: str) -> None:
 def test_from_args_counts_the_engine_slots_and_the_waiting_bound():
     limits = ServeLimits.from_args(TandemServeArgs(max_num_seqs=8, max_waiting_requests=3, max_seq_len=100))
     assert limits.max_in_flight == 11 and limits.max_prompt_chars == 3200
-    assert ServeLimits.from_args(TandemServeArgs()) == ServeLimits()
+    default = ServeLimits.from_args(TandemServeArgs())
+    assert (default.max_body_bytes, default.max_stop_strings, default.max_tokens_limit) == (8 << 20, 4, 1024)
 
 
 def test_configured_body_stop_and_prompt_limits_are_400s_and_413s_naming_them(server):

@@ -160,5 +160,5 @@ class FanOut:
             try:
                 self._on_acknowledged()
             except Exception:  # noqa: BLE001 - the caller's command still has its reply to read
-                log.exception("on_acknowledged failed")
+                log.exception("the acknowledgement listener failed")
         return lost

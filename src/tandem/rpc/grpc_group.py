@@ -14,9 +14,9 @@ scheduler walks the verdict, and they ride on the next command to every rank (th
 batch's verify, a prefill) in one message, instead of each waiting a round trip; before
 a command that goes to rank 0 alone (a propose), or at settle(), they go on their own.
 The acknowledgements are read before the next command's reply (replies come in order) or
-by settle(), which the engine calls before it hands out a tick's outputs, so nothing
+by settle(), which the engine's OutputRelease calls before it hands out a tick's outputs, so nothing
 reaches a client before every rank has its verdict. A verdict some rank did not
-acknowledge makes the group unhealthy, and settle() names its batch, which the engine
+acknowledge makes the group unhealthy, and settle() names its batch, which OutputRelease
 finishes with an error; a command sent behind it raises ShardError(state_advanced=False):
 its sequences were not in that batch and are prefilled again after the restart.
 

@@ -17,7 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tandem.serve import generation, openapi_doc
+from tandem.serve import openapi_doc
+from tandem.serve.args import TandemServeArgs
 from tandem.serve.errors import APIError, bad_request, from_exception
 from tandem.serve.generation import Backend, GenerationApp, check_api_key
 from tandem.serve.limits import ServeLimits
@@ -39,7 +40,7 @@ def create_app(
     (ServeLimits.from_args(TandemServeArgs)) replaces max_tokens_limit where given."""
     model_name = model_name or backend.model_name
     if limits is None:
-        limits = ServeLimits(max_tokens_limit=max_tokens_limit, max_body_bytes=generation.MAX_BODY_BYTES)
+        limits = ServeLimits.from_args(TandemServeArgs(max_tokens_limit=max_tokens_limit))
     chat_default = default_chat_max_tokens or limits.max_tokens_limit
     app = FastAPI(title="tandem", description="OpenAI-compatible speculative-decoding server.")
 

@@ -29,7 +29,6 @@ from tandem.serve.sse_chunks import ChatChunks, CompletionChunks, TextDeltas, da
 
 log = logging.getLogger("tandem.serve")
 
-MAX_BODY_BYTES = ServeLimits.max_body_bytes  # create_app's default, when it is given no limits
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
 

@@ -10,12 +10,14 @@ RETRY_AFTER_S = 1  # a full queue drains by whole requests: come back soon, not 
 
 @dataclass(frozen=True)
 class ServeLimits:
-    max_tokens_limit: int = 1024
-    max_body_bytes: int = 8 << 20
-    max_prompt_chars: int = CHARS_PER_TOKEN_BOUND * 1024
-    max_stop_strings: int = 4
-    max_stop_chars: int = 256
-    max_in_flight: int = 32 + 128  # the engine's slots (max_num_seqs) + max_waiting_requests
+    """What TandemServeArgs sets (its defaults are the only ones): from_args builds it."""
+
+    max_tokens_limit: int
+    max_body_bytes: int
+    max_prompt_chars: int
+    max_stop_strings: int
+    max_stop_chars: int
+    max_in_flight: int  # the engine's slots (max_num_seqs) + max_waiting_requests
 
     @classmethod
     def from_args(cls, args) -> "ServeLimits":
