@@ -10,6 +10,7 @@ import pytest
 
 from polling import until
 from tandem.actors.admissions import Admissions
+from tandem.intake import Admission, Request
 
 
 class _StepThread:
@@ -31,10 +32,11 @@ class _StepThread:
 
 def _engine(calls: list, refuse: str = "", fail: bool = False):
     def take(batch):
-        calls.append([r[2] for r in batch])
+        calls.append([r.request_id for r in batch])
         if fail:
             raise RuntimeError("tokenizer down")
-        return [ValueError(f"refused {r[2]}") if r[2] == refuse else r[2] for r in batch]
+        return [Admission(error=ValueError(f"refused {r.request_id}")) if r.request_id == refuse
+                else Admission(r.request_id) for r in batch]
 
     return take
 
@@ -46,7 +48,7 @@ def test_batches_that_wait_for_a_tick_are_added_in_one_call_each_caller_gets_its
 
     async def run():
         # the step thread is "in a tick" until told to take: three submissions pile up
-        waiting = [asyncio.ensure_future(admissions.submit([(None, None, f"{k}{i}", None) for i in range(n)]))
+        waiting = [asyncio.ensure_future(admissions.submit([Request(None, None, f"{k}{i}") for i in range(n)]))
                    for k, n in (("a", 2), ("b", 3), ("c", 1))]
         await until(lambda: len(admissions._waiting) == 3, 30, "three submissions waiting")
         assert wake.is_set() and admissions._waiting
@@ -57,8 +59,8 @@ def test_batches_that_wait_for_a_tick_are_added_in_one_call_each_caller_gets_its
     step.stop = True
     step.go.set()
     assert calls == [["a0", "a1", "b0", "b1", "b2", "c0"]]  # one call, in the order handed over
-    assert a == ["a0", "a1"] and c == ["c0"]
-    assert b[:2] == ["b0", "b1"] and isinstance(b[2], ValueError) and "b2" in str(b[2])
+    assert a == [Admission("a0"), Admission("a1")] and c == [Admission("c0")]
+    assert b[:2] == [Admission("b0"), Admission("b1")] and isinstance(b[2].error, ValueError) and "b2" in str(b[2].error)
     assert not admissions._waiting
 
 
@@ -68,7 +70,7 @@ def test_a_take_that_fails_fails_every_waiting_caller():
     step = _StepThread(admissions, wake)
 
     async def run():
-        waiting = [asyncio.ensure_future(admissions.submit([(None, None, rid, None)])) for rid in ("x", "y")]
+        waiting = [asyncio.ensure_future(admissions.submit([Request(None, None, rid)])) for rid in ("x", "y")]
         await until(lambda: len(admissions._waiting) == 2, 30, "two submissions waiting")
         step.go.set()
         return await asyncio.gather(*waiting, return_exceptions=True)
@@ -85,8 +87,8 @@ def test_what_was_taken_for_a_caller_that_left_is_aborted():
     step = _StepThread(admissions, wake)
 
     async def run():
-        left = asyncio.ensure_future(admissions.submit([(None, None, "r0", None), (None, None, "r1", None)]))
-        stays = asyncio.ensure_future(admissions.submit([(None, None, "r2", None)]))
+        left = asyncio.ensure_future(admissions.submit([Request(None, None, "r0"), Request(None, None, "r1")]))
+        stays = asyncio.ensure_future(admissions.submit([Request(None, None, "r2")]))
         await until(lambda: len(admissions._waiting) == 2, 30, "two submissions waiting")
         left.cancel()
         await asyncio.sleep(0)
@@ -95,7 +97,7 @@ def test_what_was_taken_for_a_caller_that_left_is_aborted():
         await until(lambda: aborted, 30, "an abort of what was taken for the caller that left")
         return answer
 
-    assert asyncio.run(run()) == ["r2"]
+    assert asyncio.run(run()) == [Admission("r2")]
     step.stop = True
     step.go.set()
     assert aborted == ["r0"]  # r1 was refused: nothing to abort
@@ -105,7 +107,7 @@ def test_shutting_down_fails_the_callers_still_waiting():
     admissions = Admissions(_engine([]), lambda rid: None, threading.Event())
 
     async def run():
-        waiting = asyncio.ensure_future(admissions.submit([(None, None, "r", None)]))
+        waiting = asyncio.ensure_future(admissions.submit([Request(None, None, "r")]))
         await until(lambda: admissions._waiting, 30, "a submission waiting")
         admissions.fail_waiting(RuntimeError("shutting down"))
         with pytest.raises(RuntimeError, match="shutting down"):

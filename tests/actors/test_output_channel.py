@@ -12,6 +12,7 @@ from tandem.actors import output_channel
 from tandem.actors.output_channel import OUTPUTS, SUBMIT, SUBMITTED, OutputChannels, frame
 from tandem.actors.wire import Rebuilder, from_wire
 from tandem.errors import InvalidRequestError
+from tandem.intake import Admission, Request
 from tandem.outputs import RequestOutput, Usage
 
 
@@ -154,15 +155,16 @@ def test_submissions_start_in_order_and_each_is_answered_when_done_with_each_req
     seen = []
 
     async def on_submit(requests, subscriber):
-        seen.append((subscriber, [r[2] for r in requests]))
+        seen.append((subscriber, [r.request_id for r in requests]))
         # the first batch waits long for the engine: the second must not wait behind it
-        await asyncio.sleep(0.3 if requests[0][2] == "r1" else 0.01)
-        return [None if r[0] else InvalidRequestError("prompt", "must not be empty") for r in requests[:-1]] + [_Unpicklable("x")]
+        await asyncio.sleep(0.3 if requests[0].request_id == "r1" else 0.01)
+        return [Admission(r.request_id) if r.prompt else Admission(error=InvalidRequestError("prompt", "must not be empty"))
+                for r in requests[:-1]] + [Admission(error=_Unpicklable("x"))]
 
     async def run():
         async with _connected("sub-9", on_submit) as (_, reader, writer):
-            writer.write(frame(SUBMIT, (0, [("hi", None, "r1", None), ("", None, "r2", None), ("yo", None, "r3", None)])))
-            writer.write(frame(SUBMIT, (1, [("again", None, "r4", None), ("x", None, "r5", None)])))
+            writer.write(frame(SUBMIT, (0, [Request("hi", None, "r1"), Request("", None, "r2"), Request("yo", None, "r3")])))
+            writer.write(frame(SUBMIT, (1, [Request("again", None, "r4"), Request("x", None, "r5")])))
             replies = []
             async for kind, payload in output_channel.frames(reader):
                 assert kind == SUBMITTED
@@ -176,21 +178,21 @@ def test_submissions_start_in_order_and_each_is_answered_when_done_with_each_req
     assert seen == [("sub-9", ["r1", "r2", "r3"]), ("sub-9", ["r4", "r5"])]  # routes open in order
     (b1, e1), (b0, e0) = replies  # the quick one first
     assert (b0, b1) == (0, 1)
-    assert e0[0] is None and isinstance(e0[1], InvalidRequestError) and e0[1].field == "prompt"
-    assert isinstance(e0[2], RuntimeError) and "_Unpicklable" in str(e0[2])  # its text, not a broken channel
-    assert e1[0] is None and isinstance(e1[1], RuntimeError)
+    assert e0[0] == Admission("r1") and isinstance(e0[1].error, InvalidRequestError) and e0[1].error.field == "prompt"
+    assert isinstance(e0[2].error, RuntimeError) and "_Unpicklable" in str(e0[2].error)  # its text, not a broken channel
+    assert e1[0] == Admission("r4") and isinstance(e1[1].error, RuntimeError)
 
 
 def test_a_submission_that_raises_fails_its_own_requests_and_the_channel_goes_on():
     async def on_submit(requests, subscriber):
-        if requests[0][2] == "bad":
+        if requests[0].request_id == "bad":
             raise InvalidRequestError("params", "broken on purpose")
-        return [None] * len(requests)
+        return [Admission(r.request_id) for r in requests]
 
     async def run():
         async with _connected("sub-3", on_submit) as (_, reader, writer):
-            writer.write(frame(SUBMIT, (0, [("a", None, "bad", None), ("b", None, "b2", None)])))
-            writer.write(frame(SUBMIT, (1, [("c", None, "ok", None)])))
+            writer.write(frame(SUBMIT, (0, [Request("a", None, "bad"), Request("b", None, "b2")])))
+            writer.write(frame(SUBMIT, (1, [Request("c", None, "ok")])))
             replies = {}
             async for kind, payload in output_channel.frames(reader):
                 replies[payload[0]] = payload[1]
@@ -200,8 +202,8 @@ def test_a_submission_that_raises_fails_its_own_requests_and_the_channel_goes_on
             return replies
 
     replies = asyncio.run(run())
-    assert [type(e).__name__ for e in replies[0]] == ["InvalidRequestError", "InvalidRequestError"]
-    assert replies[0][0].field == "params" and replies[1] == [None]
+    assert [type(a.error).__name__ for a in replies[0]] == ["InvalidRequestError", "InvalidRequestError"]
+    assert replies[0][0].error.field == "params" and replies[1] == [Admission("ok")]
 
 
 def test_a_subscriber_that_stops_reading_is_cut_off_and_its_requests_aborted(monkeypatch):

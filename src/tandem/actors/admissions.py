@@ -14,18 +14,21 @@ import asyncio
 import threading
 from collections.abc import Callable
 
+from tandem.intake import Admission, Request
+
 
 class Admissions:
-    def __init__(self, take: Callable[[list[tuple]], list], abort: Callable[[str], object], wake: threading.Event):
-        self._take = take  # a batch -> per request its id or its error (the step thread)
+    def __init__(self, take: Callable[[list[Request]], list[Admission]], abort: Callable[[str], object],
+                 wake: threading.Event):
+        self._take = take  # a batch -> per request its Admission (the step thread: Engine.add_requests)
         self._abort = abort  # stops a request the engine took for a caller that left
         self._wake = wake  # the step thread's
         self._lock = threading.Lock()
-        self._waiting: list[tuple[list[tuple], asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._waiting: list[tuple[list[Request], asyncio.Future, asyncio.AbstractEventLoop]] = []
 
-    async def submit(self, batch: list[tuple]) -> list:
+    async def submit(self, batch: list[Request]) -> list[Admission]:
         """The event loop: `batch` added at the step thread's next tick boundary; per
-        request its id or the error it was refused with."""
+        request its Admission."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
@@ -57,13 +60,13 @@ class Admissions:
         for _, future, loop in waiting:
             loop.call_soon_threadsafe(_fail, future, error)
 
-    def _answer(self, future: asyncio.Future, results: list) -> None:
+    def _answer(self, future: asyncio.Future, admissions: list[Admission]) -> None:
         if future.cancelled():  # its caller left while it waited: what the engine took, it drops
-            for r in results:
-                if isinstance(r, str):
-                    self._abort(r)
+            for a in admissions:
+                if a.taken:
+                    self._abort(a.request_id)
         else:
-            future.set_result(results)
+            future.set_result(admissions)
 
 
 def _fail(future: asyncio.Future, error: Exception) -> None:

@@ -15,8 +15,8 @@ temporary folder, mode 0700); one elsewhere uses Ray (`submit_many`, `subscribe`
 Protocol: the subscriber connects, sends its id and a newline, and waits for b"ok\n";
 from then on the actor routes that subscriber's outputs to the socket. Then frames both
 ways: a 4-byte length, a kind byte, a pickle. Subscriber -> actor: SUBMIT (batch number,
-requests as for submit_many). Actor -> subscriber: OUTPUTS (a list of wire outputs) and
-SUBMITTED (batch number, what each request failed with or None). When the socket
+a list of tandem.intake.Request, as for submit_many). Actor -> subscriber: OUTPUTS (a
+list of wire outputs) and SUBMITTED (batch number, each request's Admission). When the socket
 closes, the actor aborts the subscriber's requests; when the actor goes away, the
 subscriber reads the end of the stream.
 """
@@ -34,6 +34,7 @@ import threading
 from collections.abc import Awaitable, Callable
 
 from tandem.actors.wire import to_wire_on
+from tandem.intake import Admission, Request
 from tandem.outputs import RequestOutput
 
 log = logging.getLogger("tandem.actors")
@@ -65,9 +66,9 @@ class _Subscriber:
                 return
             self._write(frame(OUTPUTS, [to_wire_on(out, self.started) for out in outs]))
 
-    def reply(self, batch: int, errors: list[Exception | None]) -> None:
+    def reply(self, batch: int, admissions: list[Admission]) -> None:
         with self.lock:
-            self._write(frame(SUBMITTED, (batch, [_picklable(e) for e in errors])))
+            self._write(frame(SUBMITTED, (batch, [_picklable(a) for a in admissions])))
 
     def _write(self, data: bytes) -> None:
         """Under the lock. Never blocks: what the socket cannot take now waits in
@@ -127,8 +128,9 @@ class _Subscriber:
 class OutputChannels:
     """The actor's side: a listening Unix socket and the subscribers connected to it."""
 
-    def __init__(self, on_submit: Callable[[list, str], Awaitable[list]], on_closed: Callable[[str], Awaitable[None]]):
-        self._on_submit = on_submit  # awaited with a SUBMIT frame's requests and the subscriber: per request an error or None
+    def __init__(self, on_submit: Callable[[list[Request], str], Awaitable[list[Admission]]],
+                 on_closed: Callable[[str], Awaitable[None]]):
+        self._on_submit = on_submit  # awaited with a SUBMIT frame's requests and the subscriber: per request its Admission
         self._on_closed = on_closed  # awaited with a subscriber whose socket closed
         self._subscribers: dict[str, _Subscriber] = {}
         self._folder: str | None = None
@@ -190,13 +192,13 @@ class OutputChannels:
                 sub.send(group)
         return rest
 
-    async def _submit(self, sub: "_Subscriber", sid: str, batch: int, requests: list) -> None:
+    async def _submit(self, sub: "_Subscriber", sid: str, batch: int, requests: list[Request]) -> None:
         try:
-            errors = await self._on_submit(requests, sid)
+            admissions = await self._on_submit(requests, sid)
         except Exception as e:  # noqa: BLE001 - this batch's requests fail, the channel goes on
             log.exception("submission of %s failed", sid)
-            errors = [e] * len(requests)
-        sub.reply(batch, errors)
+            admissions = [Admission(error=e)] * len(requests)
+        sub.reply(batch, admissions)
 
     async def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
@@ -261,16 +263,17 @@ def _take_frames(buf: bytearray) -> list[tuple[int, object]]:
     return out
 
 
-def _picklable(error: Exception | None) -> Exception | None:
-    """The error itself when it survives a pickle round trip (tandem's own do), else a
-    RuntimeError with its text."""
+def _picklable(admission: Admission) -> Admission:
+    """The admission itself when its error survives a pickle round trip (tandem's own do),
+    else with a RuntimeError of that error's text."""
+    error = admission.error
     if error is None:
-        return None
+        return admission
     try:
         pickle.loads(pickle.dumps(error))
-        return error
+        return admission
     except Exception:  # noqa: BLE001 - any failure to pickle
-        return RuntimeError(f"{type(error).__name__}: {error}")
+        return Admission(admission.request_id, RuntimeError(f"{type(error).__name__}: {error}"))
 
 
 # ---- the subscriber's side ---------------------------------------------------------------
