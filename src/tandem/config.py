@@ -13,13 +13,13 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4  # when the drafter has no block size of its 
 MAX_NUM_SPECULATIVE_TOKENS = 16
 
 
-def _option(default, help: str, **bounds):
+def option(default, help: str, **bounds):
     """A config field with its help text and bounds (ge, le): the README's configuration
     table and the served app's arguments (tandem.serve.args) are derived from them."""
     return field(default=default, metadata={"help": help, **bounds})
 
 
-def _env_option(variable: str, parse, help: str):
+def env_option(variable: str, parse, help: str):
     """A field whose default comes from the environment variable `variable`, read here only."""
     return field(default_factory=lambda: parse(os.environ.get(variable)), metadata={"help": help, "env": variable})
 
@@ -35,24 +35,24 @@ class _DefaultGamma(int):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = _option(None, "Target model: a known name (smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder, a .gguf file, or a hub name. None = SmolLM2-135M-Instruct.")
-    drafter: str = _option("ngram", "Who proposes drafts: none, ngram, draft-model or dflash.")
-    draft_model: str | None = _option(None, "The draft model for drafter='draft-model'; must share the target's tokenizer.")
-    dflash_checkpoint: str | None = _option(None, "For drafter='dflash': a checkpoint folder (config.json + *.safetensors); None = the weights shipped for the model.")
-    num_speculative_tokens: int | None = _option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.", ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)
-    adaptive: bool = _option(True, "Adapt the draft count per sequence (by its acceptance) and cap it per batch (by measured forward costs).")
-    max_num_seqs: int = _option(32, "Sequences running at once (KV slots per rank).", ge=1, le=4096)
-    max_seq_len: int = _option(1024, "Context per sequence: prompt + output.", ge=1, le=131072)
-    row_budget: int = _option(256, "Most rows in one target forward (n sequences x k rows).", ge=1, le=65536)
-    shards: int = _option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).", ge=1, le=64)
-    device: str = _option("auto", "auto (a GPU when there is one), cpu, cuda.")
-    dtype: Literal["auto", "float32", "bfloat16"] = _option("auto", "Weights dtype: auto (bf16 on a GPU, float32 on the CPU), float32, bfloat16.")
-    max_verify_failures: int = _option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.", ge=1)
-    ngram_max: int = _option(4, "Longest n-gram the ngram drafter looks up in the context.", ge=1)
-    ngram_min: int = _option(1, "Shortest n-gram the ngram drafter looks up.", ge=1)
-    cuda_graphs: bool = _env_option("TANDEM_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the target's verify and prefill forwards on one GPU rank (a tensor-parallel target always runs eagerly). Default: on unless TANDEM_CUDA_GRAPHS=0.")
-    dflash_cuda_graphs: bool = _env_option("TANDEM_DFLASH_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the DFlash drafter's forwards. Default: on unless TANDEM_DFLASH_CUDA_GRAPHS=0.")
-    dflash_dtype: str | None = _env_option("TANDEM_DFLASH_DTYPE", lambda v: v or None, "The DFlash drafter's dtype (float32, bfloat16); None = the target's (bf16 beside a float32 target on a CPU with bf16 matmuls). Default: TANDEM_DFLASH_DTYPE.")
+    model: str | None = option(None, "Target model: a known name (smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder, a .gguf file, or a hub name. None = SmolLM2-135M-Instruct.")
+    drafter: str = option("ngram", "Who proposes drafts: none, ngram, draft-model or dflash.")
+    draft_model: str | None = option(None, "The draft model for drafter='draft-model'; must share the target's tokenizer.")
+    dflash_checkpoint: str | None = option(None, "For drafter='dflash': a checkpoint folder (config.json + *.safetensors); None = the weights shipped for the model.")
+    num_speculative_tokens: int | None = option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.", ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)
+    adaptive: bool = option(True, "Adapt the draft count per sequence (by its acceptance) and cap it per batch (by measured forward costs).")
+    max_num_seqs: int = option(32, "Sequences running at once (KV slots per rank).", ge=1, le=4096)
+    max_seq_len: int = option(1024, "Context per sequence: prompt + output.", ge=1, le=131072)
+    row_budget: int = option(256, "Most rows in one target forward (n sequences x k rows).", ge=1, le=65536)
+    shards: int = option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).", ge=1, le=64)
+    device: str = option("auto", "auto (a GPU when there is one), cpu, cuda.")
+    dtype: Literal["auto", "float32", "bfloat16"] = option("auto", "Weights dtype: auto (bf16 on a GPU, float32 on the CPU), float32, bfloat16.")
+    max_verify_failures: int = option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.", ge=1)
+    ngram_max: int = option(4, "Longest n-gram the ngram drafter looks up in the context.", ge=1)
+    ngram_min: int = option(1, "Shortest n-gram the ngram drafter looks up.", ge=1)
+    cuda_graphs: bool = env_option("TANDEM_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the target's verify and prefill forwards on one GPU rank (a tensor-parallel target always runs eagerly). Default: on unless TANDEM_CUDA_GRAPHS=0.")
+    dflash_cuda_graphs: bool = env_option("TANDEM_DFLASH_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the DFlash drafter's forwards. Default: on unless TANDEM_DFLASH_CUDA_GRAPHS=0.")
+    dflash_dtype: str | None = env_option("TANDEM_DFLASH_DTYPE", lambda v: v or None, "The DFlash drafter's dtype (float32, bfloat16); None = the target's (bf16 beside a float32 target on a CPU with bf16 matmuls). Default: TANDEM_DFLASH_DTYPE.")
 
     def __post_init__(self) -> None:
         kind = drafter_kind(self.drafter)
@@ -60,7 +60,7 @@ class EngineConfig:
             raise InvalidRequestError("draft_model", f"drafter {kind.name!r} needs a draft model")
         self._resolve_speculative_tokens()
         for f in fields(self):
-            _check_bounds(f, getattr(self, f.name))
+            check_bounds(f, getattr(self, f.name))
         if self.row_budget < self.num_speculative_tokens + 1:
             raise InvalidRequestError("row_budget", "must fit one sequence's rows (num_speculative_tokens + 1)")
 
@@ -109,11 +109,13 @@ class EngineConfig:
         )
 
 
-def _check_bounds(f: Field, value) -> None:
-    """InvalidRequestError naming the field when `value` is outside its ge / le bounds."""
-    ge, le = f.metadata.get("ge"), f.metadata.get("le")
-    if value is None or (ge is None and le is None):
+def check_bounds(f: Field, value) -> None:
+    """InvalidRequestError naming the field when `value` is outside its gt / ge / le bounds."""
+    gt, ge, le = (f.metadata.get(k) for k in ("gt", "ge", "le"))
+    if value is None:
         return
+    if gt is not None and not value > gt:
+        raise InvalidRequestError(f.name, f"must be > {gt}, got {value}")
     if (ge is not None and value < ge) or (le is not None and value > le):
         if le is None:
             raise InvalidRequestError(f.name, f"must be >= {ge}, got {value}")

@@ -8,7 +8,8 @@ With tandem.serve, the only Ray-importing part of tandem.
 from tandem.actors.cluster import init_local_ray
 from tandem.actors.handle import TandemHandle, connect, sampling_params, start
 from tandem.actors.launcher import RayShardLauncher
-from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings
+from tandem.actors.scheduler_actor import SchedulerActor
+from tandem.actors.settings import SchedulerSettings
 from tandem.actors.shard_actor import ShardActor
 
 __all__ = [

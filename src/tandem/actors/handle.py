@@ -17,13 +17,15 @@ returns (or ends its stream with) an output whose finish_reason is "error".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
 
 from tandem.actors.multiplexer import Multiplexer
 from tandem.actors.ray_errors import tandem_errors
-from tandem.actors.scheduler_actor import SchedulerActor, SchedulerSettings
+from tandem.actors.scheduler_actor import SchedulerActor
+from tandem.actors.settings import SETTINGS_FIELDS, SchedulerSettings
 from tandem.actors.wire import as_received, from_wire
 from tandem.config import EngineConfig
 from tandem.intake import Request
@@ -40,61 +42,42 @@ def start(
     *,
     name: str | None = None,
     namespace: str | None = "tandem",
-    served_model_name: str | None = None,
-    scheduler_num_cpus: float = 0.25,
-    shard_num_gpus: float | None = None,
-    shard_num_cpus: float = 0.5,
-    shard_torch_threads: int | None = None,
-    rpc_deadline_s: float = 30.0,
-    fault_injection: bool = False,
-    in_process_target: bool = False,
-    session_socket: bool = True,
-    session_spin_us: int | None = None,
     ready_timeout_s: float = 600.0,
-    **engine_options,
+    **options,
 ) -> "TandemHandle":
     """Start a SchedulerActor (and through it `tensor_parallel` ShardActors in a placement
     group) in the connected Ray cluster; returns once the model is loaded.
 
-    engine_options are EngineConfig fields (num_speculative_tokens, max_num_seqs,
-    max_seq_len, row_budget, draft_model, adaptive, device, dtype, ...). shard_num_gpus is
-    what each ShardActor reserves (None: 1 when the cluster has GPUs, else 0).
-    in_process_target keeps a single rank inside the scheduler actor (no shard actors, no
-    gRPC, no recovery; the actor then reserves shard_num_gpus itself): the control path
-    without a process hop, for a single rank whose loss may take the engine with it.
-    session_socket=False sends the tick's commands over gRPC even to shard actors on the
-    scheduler's node (by default they go over each rank's Unix session socket there).
-    session_spin_us: how long the scheduler and each such rank busy-poll that socket for
-    the next message before they block (None: 20 ms where a process may use 8 cores or
-    more, counting its container's CPU quota, else 0): 0.1-0.2 ms off every tick on an
-    H200 host, for a core each kept busy while requests run."""
+    `options` are EngineConfig fields (num_speculative_tokens, max_num_seqs, max_seq_len,
+    device, dtype, ...) and SchedulerSettings fields (tandem.actors.settings: placement,
+    deadlines, the session socket, in_process_target), each with its own default;
+    shard_num_gpus not given is 1 when the cluster has GPUs, else 0."""
     import ray
 
-    config = EngineConfig(model=model, drafter=drafter, shards=tensor_parallel, **engine_options)
-    if shard_num_gpus is None:
-        shard_num_gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
-    settings = SchedulerSettings(
-        engine=config,
-        served_model_name=served_model_name,
-        rpc_deadline_s=rpc_deadline_s,
-        shard_num_gpus=shard_num_gpus,
-        shard_num_cpus=shard_num_cpus,
-        shard_torch_threads=shard_torch_threads,
-        fault_injection=fault_injection,
-        in_process_target=in_process_target,
-        session_socket=session_socket,
-        session_spin_us=session_spin_us,
-    )
-    options = {"num_cpus": scheduler_num_cpus, "max_concurrency": 4096, "max_restarts": 0}
-    if in_process_target and shard_num_gpus:
-        options["num_gpus"] = shard_num_gpus  # the rank, and with it the GPU, lives in this actor
+    settings = settings_from(dict(options, model=model, drafter=drafter, shards=tensor_parallel))
+    if "shard_num_gpus" not in options:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+        settings = dataclasses.replace(settings, shard_num_gpus=gpus)
+    actor_options = {"num_cpus": settings.scheduler_num_cpus, "max_concurrency": 4096, "max_restarts": 0}
+    if settings.in_process_target and settings.shard_num_gpus:
+        actor_options["num_gpus"] = settings.shard_num_gpus  # the rank, and with it the GPU, lives in this actor
     if name is not None:
-        options["name"] = name
+        actor_options["name"] = name
         if namespace is not None:
-            options["namespace"] = namespace
-    actor = ray.remote(SchedulerActor).options(**options).remote(settings)
+            actor_options["namespace"] = namespace
+    actor = ray.remote(SchedulerActor).options(**actor_options).remote(settings)
     info = ray.get(actor.ready.remote(), timeout=ready_timeout_s)
     return TandemHandle(actor, info)
+
+
+def settings_from(options: dict) -> SchedulerSettings:
+    """SchedulerSettings from EngineConfig and SchedulerSettings fields given by name."""
+    engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = set(options) - engine_fields - set(SETTINGS_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown engine options: {', '.join(sorted(unknown))}")
+    engine = EngineConfig(**{k: v for k, v in options.items() if k in engine_fields})
+    return SchedulerSettings(engine=engine, **{k: v for k, v in options.items() if k in SETTINGS_FIELDS})
 
 
 def connect(name: str, namespace: str | None = "tandem") -> "TandemHandle":

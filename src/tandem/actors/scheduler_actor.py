@@ -23,13 +23,12 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from tandem.actors import engine_status
 from tandem.actors.admissions import Admissions
 from tandem.actors.output_routes import OutputRoutes
+from tandem.actors.settings import SchedulerSettings
 from tandem.actors.wire import merge, to_wire, to_wire_on
-from tandem.config import EngineConfig
 from tandem.errors import EngineUnavailableError, InvalidRequestError
 from tandem.intake import Admission, Request
 from tandem.outputs import RequestOutput, Usage
@@ -37,23 +36,6 @@ from tandem.outputs import RequestOutput, Usage
 log = logging.getLogger("tandem.actors")
 
 _INLINE_PROMPT_LEN = 4096  # a batch whose prompts total this many characters or token ids at most is added by the step thread
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """What a SchedulerActor is built from: the engine config and how its ranks are placed."""
-
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    served_model_name: str | None = None  # the model id clients use; default: the model's name
-    rpc_deadline_s: float = 30.0  # deadline of each shard RPC
-    init_deadline_s: float = 300.0  # deadline of a rank's Init (model load)
-    shard_num_gpus: float = 0.0
-    shard_num_cpus: float = 0.5
-    shard_torch_threads: int | None = None  # None: the node's cores / ranks on CPU
-    fault_injection: bool = False  # let tests make a rank fail on purpose
-    in_process_target: bool = False  # one rank inside this actor (LocalShardGroup), no shard actors
-    session_socket: bool = True  # the tick's commands to ranks on this host over their session socket
-    session_spin_us: int | None = None  # busy-poll of those sockets; None: where there are cores to spare
 
 
 class SchedulerActor:

@@ -37,21 +37,8 @@ class TandemEngine:
         from tandem.actors.handle import start
 
         a = TandemServeArgs.model_validate(args)
-        self.handle = start(
-            tensor_parallel=a.tensor_parallel_size,
-            served_model_name=a.served_model_name,
-            scheduler_num_cpus=a.scheduler_num_cpus,
-            shard_num_gpus=a.shard_num_gpus,
-            shard_num_cpus=a.shard_num_cpus,
-            shard_torch_threads=a.shard_torch_threads,
-            rpc_deadline_s=a.rpc_deadline_s,
-            in_process_target=a.in_process_target,
-            session_socket=a.session_socket,
-            session_spin_us=a.session_spin_us,
-            name=a.engine_actor_name,
-            namespace=ENGINE_NAMESPACE,
-            **a.engine_options(),
-        )
+        self.handle = start(tensor_parallel=a.tensor_parallel_size, name=a.engine_actor_name, namespace=ENGINE_NAMESPACE,
+                            **a.engine_options(), **a.settings_options())
         log.info("engine up: %s", self.handle.model_name)
 
     async def engine_handle(self):

@@ -1,10 +1,11 @@
 """The builder's arguments: what a Serve config, KubeRay's serveConfigV2 or `tandem serve`
 may set, as one pydantic model, TandemServeArgs.
 
-Its engine fields are EngineConfig's (tandem.config), taken with their types, defaults,
-bounds and help: the served engine has the embedded engine's options and defaults, and
-nothing is copied by hand. The serving layer's own fields (placement, HTTP, limits)
-are declared here. `tandem serve`'s flags and the README's tables derive from this model.
+Its engine fields are EngineConfig's (tandem.config) and its placement fields
+SchedulerSettings' (tandem.actors.settings), taken with their types, defaults, bounds and
+help: the served engine has the embedded engine's options and defaults, and nothing is
+copied by hand. The HTTP layer's own fields (ingress, limits, the API key) are declared
+here. `tandem serve`'s flags and the README's tables derive from this model.
 """
 from __future__ import annotations
 
@@ -14,20 +15,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from tandem.actors.settings import SchedulerSettings
 from tandem.config import EngineConfig
 from tandem.drafters.registry import DRAFTERS, drafter_kind
 from tandem.errors import InvalidRequestError
-
-# EngineConfig's `shards` is tensor_parallel_size here: the ranks are shard actors
-_NOT_SERVED = ("shards",)
-
 
 class _ServingArgs(BaseModel):
     """The fields of the serving layer; TandemServeArgs adds the engine's."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    served_model_name: str | None = Field(None, description="The model id clients send and /v1/models lists; defaults to the model's name.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="Shard ranks the target is split over (one shard actor each, one GPU each where there are GPUs).")
     max_tokens_limit: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description="Largest request body in bytes; a larger one is answered 413 (from its Content-Length, before it is read). 8 MiB holds a long context many times over, as text or token ids.")
@@ -36,16 +33,8 @@ class _ServingArgs(BaseModel):
     max_stop_chars: int = Field(256, ge=1, le=65536, description="Longest stop string in characters: every stream holds back that much text while it might be a stop string's start.")
     max_waiting_requests: int = Field(128, ge=0, description="Requests each ingress replica holds beyond the engine's max_num_seqs slots, waiting for one; past that a request is answered 429 with Retry-After. 128 (4 x the default max_num_seqs): one at the back of that queue waits about four requests' time, beyond which coming back later serves a client better than a queue it would time out in.")
     api_key: str | None = Field(None, description="When set, requests must carry 'Authorization: Bearer <api_key>'.")
-    rpc_deadline_s: float = Field(30.0, gt=0, description="Deadline of each shard RPC; a hung rank fails its batch after this.")
-    shard_num_gpus: float = Field(0.0, ge=0, description="GPUs per shard actor (1 on a GPU cluster, 0 on CPU).")
-    shard_num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per shard actor.")
-    shard_torch_threads: int | None = Field(None, ge=1, description="Torch threads per CPU shard actor; None = the node's cores divided by tensor_parallel_size.")
-    scheduler_num_cpus: float = Field(0.25, ge=0, description="CPUs reserved by the scheduler actor (it runs the step loop, n-gram drafting and detokenization).")
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests each ingress replica takes at once (Serve's max_ongoing_requests); more wait in the proxy.")
     ingress_replicas: int = Field(1, ge=1, le=64, description="HTTP ingress replicas in front of the one engine, each a process of its own that parses its share of the requests and writes its share of the streams. More than 1 needs Serve's HAProxy mode in the cluster (RAY_SERVE_ENABLE_HA_PROXY=1 where Ray starts; `tandem serve --ingress-replicas N` sets it up) to put them behind one port.")
-    in_process_target: bool = Field(False, description="Run the single rank inside the scheduler actor, which then reserves shard_num_gpus: no gRPC hop a verify, so less latency at few clients; but a rank that fails takes the engine and every running request with it, where a shard actor is restarted and its sequences go on. Only with tensor_parallel_size 1.")
-    session_socket: bool = Field(True, description="Send the tick's commands to shard ranks on the scheduler's node over each rank's Unix socket: the same protobuf messages as the gRPC Session stream, without gRPC's thread hand-offs (a round trip of ~0.1 ms instead of ~0.6 on an H200 host). False: gRPC always. Ranks on other nodes use gRPC either way.")
-    session_spin_us: int | None = Field(None, ge=0, le=1_000_000, description="How long the scheduler and each shard rank busy-poll their session socket for the next message before they block, in microseconds: 0.1-0.2 ms off every tick on an H200 host (verify_legs), for a core each kept busy while requests run. None: 20000 where a process may use 8 cores or more (its CPU affinity, within its container's CPU quota), else 0 (no polling).")
     engine_actor_name: str | None = Field(None, description="Name the scheduler actor (Ray namespace 'tandem') so other Ray programs can use the served engine through tandem.actors.connect(name).")
 
     @field_validator("dflash_checkpoint", check_fields=False)
@@ -86,16 +75,20 @@ class _ServingArgs(BaseModel):
     def engine_config(self) -> EngineConfig:
         return EngineConfig(shards=self.tensor_parallel_size, **self.engine_options())
 
+    def settings_options(self) -> dict:
+        """The SchedulerSettings fields this app sets."""
+        return {name: getattr(self, name) for name in SETTINGS_FIELDS}
 
-def _engine_fields() -> dict[str, tuple]:
-    """EngineConfig's fields as pydantic fields: type, default, bounds and help."""
-    hints = typing.get_type_hints(EngineConfig)
+
+def _fields_of(config, exclude: tuple[str, ...]) -> dict[str, tuple]:
+    """A config dataclass's fields as pydantic fields: type, default, bounds and help."""
+    hints = typing.get_type_hints(config)
     out = {}
-    for f in dataclasses.fields(EngineConfig):
-        if f.name in _NOT_SERVED:
+    for f in dataclasses.fields(config):
+        if f.name in exclude:
             continue
         kind = Literal[DRAFTERS] if f.name == "drafter" else hints[f.name]
-        bounds = {k: f.metadata[k] for k in ("ge", "le") if k in f.metadata}
+        bounds = {k: f.metadata[k] for k in ("gt", "ge", "le") if k in f.metadata}
         if f.default is dataclasses.MISSING:  # read from the environment where the engine runs
             kind, default = kind | None, None
         else:
@@ -105,7 +98,11 @@ def _engine_fields() -> dict[str, tuple]:
 
 
 _ENV_BACKED = {f.name for f in dataclasses.fields(EngineConfig) if "env" in f.metadata}
-ENGINE_FIELDS = tuple(_engine_fields())
+# EngineConfig's `shards` is tensor_parallel_size here (the ranks are shard actors); the
+# settings' engine is built from the engine's fields, and tests alone inject faults
+_ENGINE = _fields_of(EngineConfig, exclude=("shards",))
+_SETTINGS = _fields_of(SchedulerSettings, exclude=("engine", "init_deadline_s", "fault_injection"))
+ENGINE_FIELDS, SETTINGS_FIELDS = tuple(_ENGINE), tuple(_SETTINGS)
 
-TandemServeArgs = create_model("TandemServeArgs", __base__=_ServingArgs, __module__=__name__, **_engine_fields())
-TandemServeArgs.__doc__ = "The served app's arguments: the serving layer's fields, then EngineConfig's."
+TandemServeArgs = create_model("TandemServeArgs", __base__=_ServingArgs, __module__=__name__, **_ENGINE, **_SETTINGS)
+TandemServeArgs.__doc__ = "The served app's arguments: the serving layer's fields, then EngineConfig's and SchedulerSettings'."
