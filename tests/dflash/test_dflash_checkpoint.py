@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from dflash_tiny import TARGET, VOCAB, random_dflash, random_prompts, tiny_shard
 from tandem.drafters.dflash import build_dflash_drafter, load_dflash_checkpoint, save_dflash_checkpoint
 from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch
+from tandem.shard.spec import ShardSpec
 
 LAYERS = 2
 HEADS, KV_HEADS, HEAD_DIM, INTER = 4, 2, 12, 64
@@ -104,7 +105,7 @@ def test_a_zlab_layout_checkpoint_loads_with_its_config_keys_and_tensors(tmp_pat
 
 def test_a_zlab_checkpoint_drafts_in_the_engine_through_the_shard_spec(tmp_path, target):
     folder = write_checkpoint(tmp_path / "zlab", zlab_config(), zlab_tensors())
-    spec = types.SimpleNamespace(dflash_checkpoint=folder, num_slots=4, max_seq_len=128)
+    spec = ShardSpec(dflash_checkpoint=folder, num_slots=4, max_seq_len=128)
     drafter = build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32)
     assert drafter.capture_layers == (1, 3) and drafter.block_size == 5
     shard = tiny_shard(target, None)
@@ -139,13 +140,13 @@ def test_a_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path, change, mes
 
 def test_a_checkpoint_for_another_target_is_refused(tmp_path, target):
     folder = write_checkpoint(tmp_path / "other", zlab_config(num_target_layers=36), zlab_tensors())
-    spec = types.SimpleNamespace(dflash_checkpoint=folder, num_slots=2, max_seq_len=64)
+    spec = ShardSpec(dflash_checkpoint=folder, num_slots=2, max_seq_len=64)
     with pytest.raises(ValueError, match="36-layer target"):
         build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32)
 
 
 def test_no_shipped_weights_for_an_unknown_target_says_what_to_pass(target):
-    spec = types.SimpleNamespace(dflash_checkpoint=None, num_slots=2, max_seq_len=64)
+    spec = ShardSpec(dflash_checkpoint=None, num_slots=2, max_seq_len=64)
     with pytest.raises(ValueError, match="dflash_checkpoint"):
         build_dflash_drafter(spec, fake_loaded(target, name="tiny"), device="cpu", dtype=torch.float32)
 
