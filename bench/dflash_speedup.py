@@ -13,11 +13,14 @@ script's templates, so they are held out from the drafter's training data.
   python bench/dflash_speedup.py --synthetic --batches 1,8        # random weights of the default
                                                                   # model's shape: timing only
   python bench/dflash_speedup.py --prompts heldout                # the training script's held-out prompts
+  python bench/dflash_speedup.py --prompts eval --batches 1,8     # the evaluation set (general traffic)
 
 --prompts: "bench" (default) are the chat questions below, of no family the drafter was
 trained on; "heldout" are the 64 held-out prompts of scripts/train_dflash.py (template
 families it trained on, with subjects and code tasks it never saw), on which the issue
-states its acceptance target.
+states its acceptance target; "eval" is the evaluation set of bench/dflash_eval_prompts.py
+(120 general prompts of eight kinds, chat and raw completions, written apart from every
+training source), interleaved by kind.
 
 Drafter "dflash-eager" is dflash with its CUDA graphs off (TANDEM_DFLASH_CUDA_GRAPHS=0).
 Besides tokens/s each row reports the mean milliseconds of an engine tick (a verify
@@ -86,6 +89,15 @@ def heldout_prompts() -> list[str]:
     from dflash_prompts import make_prompts
 
     return make_prompts(16000, 64, 0)[1]
+
+
+def eval_set_prompts() -> list[dict]:
+    """The evaluation set (bench/dflash_eval_prompts.py: general prompts of eight kinds, chat
+    and raw), interleaved by kind so that the first n requests cover every kind."""
+    from dflash_eval_prompts import KINDS, eval_prompts
+
+    by_kind = [eval_prompts((k,)) for k in KINDS]
+    return [group[i] for i in range(max(map(len, by_kind))) for group in by_kind if i < len(group)]
 
 
 DEFAULT_GAMMA = {"dflash": 7, "dflash-eager": 7, "ngram": 4, "none": 0}
@@ -172,7 +184,10 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     else:
         shard, loaded = build_model_shard(config.shard_spec(), loaded=loaded, progress=False)
         engine = Engine(LocalShardGroup(shard), loaded.tokenizer, loaded.eos_token_ids, config, model_name=loaded.name)
-        texts = [engine.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
+        from dflash_eval_prompts import render
+
+        texts = [render(loaded.tokenizer, p) if isinstance(p, dict) else engine.chat_prompt([{"role": "user", "content": p}])
+                 for p in prompts]
     params = SamplingParams(max_tokens=max_tokens)
     # Warm-up on the largest batch for the whole length: the allocator's blocks, the
     # kernels' first calls and graph captures, which would otherwise land on whichever run
@@ -231,10 +246,11 @@ def main(argv=None) -> int:
     ap.add_argument("--synthetic", action="store_true", help="random weights of the default model's shape (timing only)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     ap.add_argument("--json", default=None, help="also write the rows here")
-    ap.add_argument("--prompts", choices=("bench", "heldout"), default="bench",
-                    help="bench: this file's prompts; heldout: the training script's held-out prompts")
+    ap.add_argument("--prompts", choices=("bench", "heldout", "eval"), default="bench",
+                    help="bench: this file's prompts; heldout: the training script's held-out prompts; eval: the "
+                         "evaluation set of bench/dflash_eval_prompts.py (general prompts, chat and raw)")
     args = ap.parse_args(argv)
-    prompts = PROMPTS if args.prompts == "bench" else heldout_prompts()
+    prompts = {"bench": lambda: PROMPTS, "heldout": heldout_prompts, "eval": eval_set_prompts}[args.prompts]()
     setup_torch(args.threads)
 
     batches = [int(b) for b in args.batches.split(",")]

@@ -33,11 +33,37 @@ With --draft-vocab-coverage < 1 (default 0.999) the drafter drafts from the most
 generated tokens only, the head being those rows in training and in the engine (a CPU
 propose then scores ~21k rows instead of 49k; ~14k with the narrower 16000-prompt data).
 
+General traffic (--general-prompts, scripts/dflash_general_prompts.py): chat requests of
+eight kinds (code in many languages, math, lists and tables, long prose, rewriting and
+summarising, multilingual, structured output, everyday requests; some with a system
+prompt, many around a passage) and raw completions (no chat template) of text that ships
+in the installed Python packages (sources, C/C++ headers, READMEs, pydoc topics), up to
+--max-prompt-tokens long; --sample-share of all continuations are sampled (--temperature,
+--top-k) instead of greedy. Every training prompt overlapping the evaluation set
+(bench/dflash_eval_prompts.py) is dropped; tests/dflash/test_eval_prompts.py checks the
+sources are disjoint from it anyway. --one-call generates (prompts chunked by length,
+--pos-budget positions a chunk, until --gen-seconds), rebuilds the features and trains
+in one process; --revocab widens the draft vocabulary of a warm start to the new corpus.
+
 The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weights
 (src/tandem/drafters/dflash/weights/smollm2: 3 layers, intermediate 768, 8.3 M parameters,
-16.8 MB, draft vocabulary 20736) are the weights below trained on, warm-started, on a new
-corpus (held-out engine acceptance 3.041, against the 2.923 they started from: run C of
-scripts/dflash_notes.md, 2026-11-30), on a 2-GPU H200 host, one process a GPU, back to back:
+16.8 MB, draft vocabulary 28232; run D of scripts/dflash_notes.md, 2026-12-01, its log in
+that folder's train.log) are run C's below, warm-started on general traffic in one H200 call
+(evaluation set, engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
+
+  python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --one-call \
+      --num-prompts 16000 --extra-prompts 20000 --max-template-prompts 12000 --general-prompts 40000 \
+      --num-self-prompts 4000 --data-seed 2 --sample-share 0.25 --train-gen-tokens 192 --gen-batch 4000 \
+      --gen-seconds 240 --init-from PREVIOUS --revocab --lr 5e-4 --train-seconds 100000 --total-seconds 522 \
+      --eval-every 2000 --engine-baseline --max-train-rows 14000000
+
+  (56000 prompts, 124 dropped by decontamination and length; 10 of 16 length chunks done by
+  the deadline: 37513 prompts, 5.95M generated tokens, 8.41M rows; 2840 steps in 154 s at
+  70 ms a step; held-out offline / walked 3.727 / 3.005 at the start, 3.517 / 2.927 at the
+  end, engine 2.937 with 64/64 outputs equal to no-spec; bench prompts 2.727 walked.)
+
+Run C, the weights D started from (held-out engine acceptance 3.041, against the 2.923 they
+started from, 2026-11-30), came from a 2-GPU H200 host, one process a GPU, back to back:
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED \
       --num-prompts 16000 --extra-prompts 100000 --num-self-prompts 12000 --data-seed 1 \
@@ -140,13 +166,26 @@ from dflash_prompts import bench_prompts, chat_ids, make_extra_prompts, make_pro
 
 
 @torch.inference_mode()
+def _pick(logits, sample, temperature: float, top_k: int, gen):
+    """Next tokens [n]: the argmax, or where sample [n] is True a draw at `temperature`
+    from the top_k tokens."""
+    best = logits.argmax(-1)
+    if sample is None or not bool(sample.any()):
+        return best
+    top = torch.topk(logits.float() / temperature, top_k, dim=-1)
+    drawn = top.indices.gather(1, torch.multinomial(torch.softmax(top.values, -1), 1, generator=gen))[:, 0]
+    return torch.where(sample, drawn, best)
+
+
 def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...], max_new: int, batch: int,
-                         eos: set[int], prefill_batch: int = 64, features: bool = True):
+                         eos: set[int], prefill_batch: int = 64, features: bool = True, sample=None,
+                         temperature: float = 0.8, top_k: int = 40, gen=None):
     """Each prompt's greedy continuation (cut after the first stop token) and the captured
     rows of every position: tokens [N, T] (0-padded), feats [N, T, len(layers)*H] (bf16),
     prompt_len [N], seq_len [N]. Rows 0..seq_len-2 hold the features the engine would
     hand the drafter (the last token's row is never context). With features=False, the
-    tokens alone (feats is None)."""
+    tokens alone (feats is None). sample [N] (bool, optional): those prompts' continuations
+    are sampled (temperature, top_k, generator gen) instead of greedy."""
     if not features:
         layers = ()
     dev = model.device
@@ -169,6 +208,7 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
         for i, p in enumerate(chunk):
             tokens[i, : len(p)] = torch.tensor(p, device=dev)
         feats = all_feats[b0 : b0 + n] if features else None
+        samp = None if sample is None else sample[b0 : b0 + n].to(dev)
         nxt = torch.empty(n, dtype=torch.long, device=dev)
         for s0 in range(0, n, prefill_batch):  # prefill in sub-batches: full logits are [n, t0, V]
             s1 = min(n, s0 + prefill_batch)
@@ -176,7 +216,8 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
             out = model(tokens[s0:s1, :t0], slots, torch.zeros_like(slots), cache, capture_layers=layers, attn_len=t0)
             if features:
                 feats[s0:s1, :t0] = torch.cat([out.hidden[i] for i in layers], dim=-1).to(feat_dtype)
-            nxt[s0:s1] = out.logits[torch.arange(s1 - s0, device=dev), lens[s0:s1] - 1].argmax(-1)
+            nxt[s0:s1] = _pick(out.logits[torch.arange(s1 - s0, device=dev), lens[s0:s1] - 1],
+                               None if samp is None else samp[s0:s1], temperature, top_k, gen)
         slots = torch.arange(n, device=dev)
         rows = torch.arange(n, device=dev)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -192,7 +233,7 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
             out = model(nxt[:, None], slots, pos, cache, capture_layers=layers, attn_len=t0 + t + 1)
             if features:
                 feats[rows, pos] = torch.cat([out.hidden[i][:, 0] for i in layers], dim=-1).to(feat_dtype)
-            nxt = out.logits[:, 0].argmax(-1)
+            nxt = _pick(out.logits[:, 0], samp, temperature, top_k, gen)
         all_tokens[b0 : b0 + n, : t0 + max_new] = tokens
         seq_len[b0 : b0 + n] = lens + end
         del cache
@@ -231,6 +272,48 @@ def pack(tokens, prompt_len, seq_len) -> Packed:
     keep = torch.arange(tokens.shape[1], device=tokens.device)[None] < seq_len[:, None]
     off = torch.cumsum(seq_len, 0) - seq_len
     return Packed(tokens[keep], None, off, prompt_len.clone(), seq_len.clone())
+
+
+def generate_packed(model, prompt_ids: list[list[int]], sample: list[bool], max_new: int, gen_batch: int,
+                    pos_budget: int, eos: set[int], deadline: float, temperature: float, top_k: int, seed: int,
+                    log) -> tuple[Packed, list[int]]:
+    """The continuations of prompts of any lengths in one process, tokens only, packed:
+    prompts sorted by length into chunks of at most gen_batch prompts and pos_budget
+    positions (batch x (longest prompt + max_new): the KV cache), the chunks run in a
+    seeded random order until `deadline` (time.time()). Returns the packed tokens and
+    the indices of the prompts done, in the order packed."""
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    chunks, cur = [], []
+    for i in order:
+        if cur and (len(cur) >= gen_batch or (len(cur) + 1) * (len(prompt_ids[i]) + max_new) > pos_budget):
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        chunks.append(cur)
+    random.Random(seed + 17).shuffle(chunks)
+    dev = model.device
+    gen = torch.Generator(device=dev).manual_seed(seed + 19)
+    parts, done, last, rows = [], [], 0.0, 0
+    for k, chunk in enumerate(chunks):
+        if time.time() + last > deadline:
+            log(f"generation: deadline reached after {k}/{len(chunks)} chunks")
+            break
+        t0 = time.time()
+        data = greedy_with_features(model, [prompt_ids[i] for i in chunk], (), max_new, len(chunk), eos, features=False,
+                                    sample=torch.tensor([sample[i] for i in chunk], dtype=torch.bool),
+                                    temperature=temperature, top_k=top_k, gen=gen)
+        parts.append(pack(data[0], data[2], data[3]))
+        done += chunk
+        rows += int((data[3] - data[2]).sum())
+        last = time.time() - t0
+        if k % 10 == 0 or k + 1 == len(chunks):
+            log(f"chunk {k}/{len(chunks)}: {len(chunk)} prompts of <= {len(prompt_ids[chunk[-1]])} tokens in {last:.1f} s; "
+                f"{len(done)} prompts, {rows} generated tokens so far")
+    seq_len = torch.cat([p.seq_len for p in parts])
+    packed = Packed(torch.cat([p.tokens for p in parts]), None, torch.cumsum(seq_len, 0) - seq_len,
+                    torch.cat([p.prompt_len for p in parts]), seq_len)
+    return packed, done
 
 
 def save_token_chunk(path: str, data, self_written: list[bool] | None = None) -> None:
@@ -280,6 +363,7 @@ def prefill_features(model, data: Packed, layers: tuple[int, ...], max_seqs: int
     lens = data.seq_len.tolist()
     order = sorted(range(len(lens)), key=lens.__getitem__)
     t_max = max(lens)
+    max_seqs = min(max_seqs, len(lens))  # the cache is max_seqs x the longest sequence
     cache = model.new_cache(max_seqs, t_max)
     i = 0
     while i < len(order):
@@ -609,6 +693,28 @@ def main(argv=None) -> int:
                          "with --load-tokens: train only on those chunks")
     ap.add_argument("--init-from", default=None, metavar="DIR",
                     help="start from this checkpoint (its architecture and draft vocabulary) instead of random weights")
+    ap.add_argument("--general-prompts", type=int, default=0,
+                    help="also this many general prompts (scripts/dflash_general_prompts.py: eight kinds of chat request "
+                         "and raw completions of the installed packages' text), decontaminated against the eval set")
+    ap.add_argument("--max-template-prompts", type=int, default=None,
+                    help="train on at most this many of the template and extra prompts (a seeded sample; the held-out "
+                         "set is unchanged)")
+    ap.add_argument("--sample-share", type=float, default=0.0,
+                    help="share of the training prompts whose continuation is sampled (--temperature, --top-k) "
+                         "instead of greedy")
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-k", type=int, default=40)
+    ap.add_argument("--train-gen-tokens", type=int, default=None, help="continuation length of the training data "
+                    "(default --gen-tokens; the held-out continuations keep --gen-tokens)")
+    ap.add_argument("--one-call", action="store_true",
+                    help="generate the tokens alone (prompts of any length, chunked by length, until --gen-seconds), then "
+                         "rebuild the features by prefill and train, all in this process")
+    ap.add_argument("--pos-budget", type=int, default=1_200_000,
+                    help="with --one-call: at most this many positions (batch x longest sequence) a generation chunk")
+    ap.add_argument("--max-prompt-tokens", type=int, default=900, help="drop longer training prompts")
+    ap.add_argument("--revocab", action="store_true",
+                    help="with --init-from: a new draft vocabulary from this corpus (--draft-vocab-coverage); the "
+                         "weights do not depend on it (the head is the target's)")
     args = ap.parse_args(argv)
     data_seed = args.seed if args.data_seed is None else args.data_seed
     shard = tuple(int(x) for x in args.shard.split("/"))
@@ -636,9 +742,69 @@ def main(argv=None) -> int:
                                    sample_seed=data_seed)
         log(f"{len(extra)} extra training prompts, e.g. {extra[:3]}")
         train_prompts = train_prompts + extra
+    if args.max_template_prompts is not None and len(train_prompts) > args.max_template_prompts:
+        train_prompts = random.Random(data_seed + 23).sample(train_prompts, args.max_template_prompts)
     log(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held-out; e.g. {train_prompts[:3]} / {eval_prompts[:2]}")
     eos = set(target.eos_token_ids)
-    if args.load_tokens:
+    train_gen = args.train_gen_tokens or args.gen_tokens
+    if args.one_call:
+        from dflash_general_prompts import decontaminate, general_prompts
+
+        prompt_ids = [chat_ids(tok, p) for p in train_prompts]
+        kinds = ["template"] * len(prompt_ids)
+        texts = list(train_prompts)
+        if args.general_prompts:
+            t0 = time.time()
+            general = general_prompts(args.general_prompts, args.seed, sample_seed=data_seed)
+            for g in general:
+                if g["mode"] == "raw":
+                    prompt_ids.append(tok(g["text"]).input_ids)
+                else:
+                    prompt_ids.append(tok(tok.apply_chat_template(g["messages"], tokenize=False,
+                                                                  add_generation_prompt=True)).input_ids)
+                kinds.append(g["kind"])
+                texts.append(g["text"])
+            log(f"{len(general)} general prompts in {time.time() - t0:.1f} s, e.g. {[g['text'][:80] for g in general[:4]]}")
+        if args.num_self_prompts:
+            own = self_sampled_prompts(target.model, tok, args.num_self_prompts, args.gen_batch, seed=data_seed)
+            log(f"{len(own)} self-written prompts, e.g. {[tok.decode(p) for p in own[:3]]}")
+            prompt_ids += own
+            kinds += ["self"] * len(own)
+            texts += [tok.decode(p) for p in own]
+        keep = [ok and len(p) <= args.max_prompt_tokens for ok, p in zip(decontaminate(texts), prompt_ids)]
+        log(f"decontamination and length: {keep.count(False)} of {len(keep)} prompts dropped")
+        prompt_ids = [p for p, k in zip(prompt_ids, keep) if k]
+        kinds = [c for c, k in zip(kinds, keep) if k]
+        rs = random.Random(data_seed + 29)
+        sample = [rs.random() < args.sample_share for _ in prompt_ids]
+        packed, done = generate_packed(target.model, prompt_ids, sample, train_gen, args.gen_batch, args.pos_budget, eos,
+                                       t_begin + args.gen_seconds, args.temperature, args.top_k, data_seed, log)
+        if args.max_train_rows and packed.tokens.shape[0] > args.max_train_rows:
+            n = int((torch.cumsum(packed.seq_len, 0) <= args.max_train_rows).sum())
+            keep_rows = int(packed.seq_len[:n].sum())
+            packed = Packed(packed.tokens[:keep_rows], None, packed.off[:n], packed.prompt_len[:n], packed.seq_len[:n])
+            done = done[:n]
+        train_data = packed
+        n_prompts = train_data.n
+        prefill_features(target.model, train_data, layer_ids)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        gen_tokens = int((train_data.seq_len - train_data.prompt_len).sum())
+        n_self = sum(kinds[i] == "self" for i in done)
+        per_kind = {}
+        gen_per = (train_data.seq_len - train_data.prompt_len).tolist()
+        plen = train_data.prompt_len.tolist()
+        for j, i in enumerate(done):
+            c = per_kind.setdefault(kinds[i], [0, 0, 0, 0])
+            c[0] += 1
+            c[1] += gen_per[j]
+            c[2] += plen[j]
+            c[3] += sample[i]
+        args.data_kinds = {k: {"prompts": v[0], "generated_tokens": v[1], "prompt_tokens": v[2], "sampled": v[3]}
+                           for k, v in sorted(per_kind.items())}
+        log(f"data: features of {train_data.tokens.shape[0]} rows rebuilt; {gen_tokens} generated tokens from {n_prompts} "
+            f"prompts; per kind {args.data_kinds}")
+    elif args.load_tokens:
         train_data = load_token_chunks(args.load_tokens, device, args.max_train_rows, shard)
         n_prompts = train_data.n
         log(f"loaded {n_prompts} continuations, {train_data.tokens.shape[0]} rows")
@@ -696,6 +862,20 @@ def main(argv=None) -> int:
         if config.target_layer_ids != layer_ids or config.mask_token_id != mask_id:
             log(f"note: {args.init_from} reads layers {config.target_layer_ids}, mask {config.mask_token_id}")
         vocab = model.draft_vocab if config.draft_vocab_size else None
+        if args.revocab and args.draft_vocab_coverage < 1:
+            new_vocab = draft_vocab_of(train_data, tc.vocab_size, args.draft_vocab_coverage)
+            old_n = 0 if vocab is None else vocab.numel()
+            if vocab is not None:  # keep every old row too: the held-out families keep their drafts
+                new_vocab = torch.unique(torch.cat([new_vocab.to(device), vocab.to(device)]))
+            state = {k: v for k, v in model.state_dict().items() if k != "draft_vocab"}
+            config = replace(config, draft_vocab_size=int(new_vocab.numel()))
+            model = DFlashDraftModel(config).to(device)
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            assert set(missing) <= {"draft_vocab"} and not unexpected, (missing, unexpected)
+            model.draft_vocab.copy_(new_vocab)
+            model.requires_grad_(True)
+            vocab = model.draft_vocab
+            log(f"new draft vocabulary: {old_n} -> {vocab.numel()} tokens")
         log(f"init from {args.init_from}: {config.num_layers} layers, draft vocabulary "
             f"{config.draft_vocab_size or config.vocab_size}")
     else:
@@ -720,6 +900,10 @@ def main(argv=None) -> int:
         return (f"held-out offline {offline_acceptance(model, target.model, eval_data):.3f}, "
                 f"walked {walked_acceptance(model, target.model, eval_data, args.gen_tokens):.3f}")
 
+    if args.eval_every and args.init_from:  # where a warm start begins
+        model.eval()
+        log(f"step 0 (init): {evaluate()}")
+        model.train()
     train(model, target.model, train_data, args, log, evaluate)
     del train_data  # the engine check below needs none of it (a large corpus holds most of the GPU)
     if device.type == "cuda":
@@ -742,7 +926,11 @@ def main(argv=None) -> int:
         "heldout_offline_acceptance_length": round(offline, 3), "heldout_walked_acceptance_length": round(walked, 3),
         "bench_prompts_walked_acceptance_length": round(bench_walked, 3),
         "script": "scripts/train_dflash.py", "seed": args.seed}}
-    for name in ("extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing", "lr", "data_seed",
+    if getattr(args, "data_kinds", None):
+        info["train"]["data_kinds"] = args.data_kinds
+        info["train"]["train_gen_tokens"] = train_gen
+    for name in ("general_prompts", "max_template_prompts", "sample_share", "temperature", "revocab",
+                 "extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing", "lr", "data_seed",
                  "init_from", "shard"):  # non-defaults only
         if getattr(args, name) != ap.get_default(name):
             info["train"][name] = getattr(args, name)
