@@ -53,6 +53,7 @@ def main(argv=None) -> None:
     ap.add_argument("--drafters", nargs="+", default=["none", "ngram"])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--model", default=None, help="a model folder (default: the tiny random model, built here)")
     args = ap.parse_args(argv)
     setup_torch(args.threads)
 
@@ -61,7 +62,10 @@ def main(argv=None) -> None:
 
     rows, result = [], {"host_ms_per_tick": {}, "host_us_per_seq": {}, "tick_ms": {}}
     with tempfile.TemporaryDirectory() as folder:
-        tiny_model_folder(folder)
+        if args.model:
+            folder = args.model
+        else:
+            tiny_model_folder(folder)
         for drafter in args.drafters:
             engine = Engine.from_config(EngineConfig(model=folder, drafter=drafter, max_num_seqs=max(args.batches),
                                                      max_seq_len=512, device="cpu", dtype="float32"), progress=False)

@@ -47,9 +47,9 @@ in one process; --revocab widens the draft vocabulary of a warm start to the new
 
 The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weights
 (src/tandem/drafters/dflash/weights/smollm2: 3 layers, intermediate 768, 8.3 M parameters,
-16.8 MB, draft vocabulary 28232; run D of scripts/dflash_notes.md, 2026-12-01, its log in
-that folder's train.log) are run C's below, warm-started on general traffic in one H200 call
-(evaluation set, engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
+16.8 MB, draft vocabulary 20736) are run C's, below. Run D (scripts/dflash_notes.md,
+2026-12-01, not shipped) warm-started C on general traffic in one H200 call (evaluation set,
+engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --one-call \
       --num-prompts 16000 --extra-prompts 20000 --max-template-prompts 12000 --general-prompts 40000 \
@@ -62,8 +62,8 @@ that folder's train.log) are run C's below, warm-started on general traffic in o
   70 ms a step; held-out offline / walked 3.727 / 3.005 at the start, 3.517 / 2.927 at the
   end, engine 2.937 with 64/64 outputs equal to no-spec; bench prompts 2.727 walked.)
 
-Run C, the weights D started from (held-out engine acceptance 3.041, against the 2.923 they
-started from, 2026-11-30), came from a 2-GPU H200 host, one process a GPU, back to back:
+Run C, the shipped weights and the ones D started from (held-out engine acceptance 3.041,
+against the 2.923 they started from, 2026-11-30), came from a 2-GPU H200 host, one process a GPU, back to back:
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED \
       --num-prompts 16000 --extra-prompts 100000 --num-self-prompts 12000 --data-seed 1 \

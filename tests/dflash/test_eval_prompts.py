@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from dflash_eval_prompts import KINDS, eval_prompts  # noqa: E402
-from dflash_general_prompts import (Overlap, _text, general_prompts, passages, raw_excerpts,  # noqa: E402
-                                    source_files)
+from dflash_general_prompts import Overlap, general_prompts  # noqa: E402
+from dflash_sources import _text, passages, raw_excerpts, source_files  # noqa: E402
 from dflash_prompts import bench_prompts, make_extra_prompts, make_prompts  # noqa: E402
 
 EVAL = eval_prompts()
