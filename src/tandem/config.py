@@ -6,7 +6,7 @@ import os
 from dataclasses import Field, dataclass, field, fields
 from typing import Literal
 
-from tandem.drafters.registry import drafter_kind
+from tandem.drafters.registry import DrafterName, drafter_kind
 from tandem.errors import InvalidRequestError
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4  # when the drafter has no block size of its own
@@ -36,7 +36,7 @@ class _DefaultGamma(int):
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = option(None, "Target model: a known name (smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder, a .gguf file, or a hub name. None = SmolLM2-135M-Instruct.")
-    drafter: str = option("ngram", "Who proposes drafts: none, ngram, draft-model or dflash.")
+    drafter: DrafterName = option("ngram", "Who proposes drafts: none, ngram, draft-model or dflash.")
     draft_model: str | None = option(None, "The draft model for drafter='draft-model'; must share the target's tokenizer.")
     dflash_checkpoint: str | None = option(None, "For drafter='dflash': a checkpoint folder (config.json + *.safetensors); None = the weights shipped for the model.")
     num_speculative_tokens: int | None = option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.", ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)

@@ -19,6 +19,7 @@ class Option:
     annotation: object
     default: object  # dataclasses.MISSING: read from the environment by the config itself
     help: str
+    metadata: dict = dataclasses.field(default_factory=dict)  # bounds (gt, ge, le), env
 
 
 def add_flags(parser: argparse.ArgumentParser, options: list[Option], *, aliases: dict | None = None,
@@ -52,13 +53,15 @@ def given(args: argparse.Namespace, options: list[Option]) -> dict:
 def engine_options(exclude: tuple[str, ...] = ()) -> list[Option]:
     """EngineConfig's fields as options (the drafter as a choice of the registered ones)."""
     from tandem.config import EngineConfig
-    from tandem.drafters.registry import DRAFTERS
 
-    hints = typing.get_type_hints(EngineConfig)
-    return [
-        Option(f.name, typing.Literal[DRAFTERS] if f.name == "drafter" else hints[f.name], f.default, f.metadata["help"])
-        for f in dataclasses.fields(EngineConfig) if f.name not in exclude
-    ]
+    return options_of(EngineConfig, exclude)
+
+
+def options_of(config, exclude: tuple[str, ...] = ()) -> list[Option]:
+    """A config dataclass's fields (their help and bounds in the metadata) as options."""
+    hints = typing.get_type_hints(config)
+    return [Option(f.name, hints[f.name], f.default, f.metadata["help"], dict(f.metadata))
+            for f in dataclasses.fields(config) if f.name not in exclude]
 
 
 def _inner(annotation):

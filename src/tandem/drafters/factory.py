@@ -3,8 +3,6 @@ the scheduler-side one beside the engine, the rank-side one on shard rank 0."""
 from __future__ import annotations
 
 from tandem.drafters.registry import drafter_kind
-# serve.args checks a DFlash checkpoint through this name
-from tandem.drafters.registry import resolve_dflash_checkpoint  # noqa: F401
 from tandem.shard.commands import RankDrafterInfo
 
 

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from tandem.errors import InvalidRequestError
 
@@ -66,6 +67,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("dflash", runs="rank", whole_blocks=True, checkpoint=_dflash_drafts),
 )}
 DRAFTERS = tuple(DRAFTER_KINDS)
+DrafterName = Literal[DRAFTERS]  # a config's drafter field: the CLI's choices, the served args' check
 
 
 def drafter_kind(name: str) -> DrafterKind:

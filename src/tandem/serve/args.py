@@ -10,15 +10,15 @@ here. `tandem serve`'s flags and the README's tables derive from this model.
 from __future__ import annotations
 
 import dataclasses
-import typing
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from tandem.actors.settings import SchedulerSettings
 from tandem.config import EngineConfig
-from tandem.drafters.registry import DRAFTERS, drafter_kind
+from tandem.config_flags import options_of
+from tandem.drafters.registry import drafter_kind
 from tandem.errors import InvalidRequestError
+
 
 class _ServingArgs(BaseModel):
     """The fields of the serving layer; TandemServeArgs adds the engine's."""
@@ -82,18 +82,14 @@ class _ServingArgs(BaseModel):
 
 def _fields_of(config, exclude: tuple[str, ...]) -> dict[str, tuple]:
     """A config dataclass's fields as pydantic fields: type, default, bounds and help."""
-    hints = typing.get_type_hints(config)
     out = {}
-    for f in dataclasses.fields(config):
-        if f.name in exclude:
-            continue
-        kind = Literal[DRAFTERS] if f.name == "drafter" else hints[f.name]
-        bounds = {k: f.metadata[k] for k in ("gt", "ge", "le") if k in f.metadata}
-        if f.default is dataclasses.MISSING:  # read from the environment where the engine runs
-            kind, default = kind | None, None
+    for o in options_of(config, exclude):
+        bounds = {k: o.metadata[k] for k in ("gt", "ge", "le") if k in o.metadata}
+        if o.default is dataclasses.MISSING:  # read from the environment where the engine runs
+            kind, default = o.annotation | None, None
         else:
-            default = f.default
-        out[f.name] = (kind, Field(default, description=f.metadata["help"], **bounds))
+            kind, default = o.annotation, o.default
+        out[o.name] = (kind, Field(default, description=o.help, **bounds))
     return out
 
 
