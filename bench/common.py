@@ -134,6 +134,20 @@ class TimedVerify:
         return ms
 
 
+def fixed_block_tables(num_seqs: int, positions: int, block_size: int) -> list[list[int]]:
+    """Block tables for a fixed batch sent to a shard without a scheduler: sequence i owns
+    the blocks of row i of tandem.model.kv_cache.fixed_tables (each up to `positions`)."""
+    from tandem.model.kv_cache import fixed_tables
+
+    return fixed_tables(num_seqs, positions, block_size).tolist()
+
+
+def covering(table: list[int], positions: int, block_size: int) -> list[int]:
+    """The blocks of `table` that hold positions 0..positions-1: the table a scheduler
+    sends for a sequence of that length (a verify's graph bucket follows its length)."""
+    return table[: -(-positions // block_size)]
+
+
 def tiny_model_folder(out: str) -> str:
     """The default model's tokenizer and vocabulary on a 1-layer random Llama."""
     import torch

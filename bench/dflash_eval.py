@@ -66,9 +66,12 @@ def main(argv=None) -> int:
     for drafter in ["none"] + [d for d in args.drafters.split(",") if d != "none"]:
         name, _, ckpt = drafter.partition(":")  # dflash:DIR: those weights
         gamma = args.block_size - 1 if name == "dflash" else 4
+        # no prefix cache for any drafter: DFlash runs without one (it drafts from the
+        # target's rows of the whole prompt), so every run prefills its prompts alike
         config = EngineConfig(model=args.model, drafter=name, dflash_checkpoint=ckpt or args.dflash_checkpoint,
-                              device=args.device, dtype=args.dtype, max_num_seqs=args.batch, max_seq_len=1024,
-                              row_budget=1024, adaptive=False, num_speculative_tokens=gamma)
+                              device=args.device, dtype=args.dtype, max_num_seqs=args.batch, max_model_len=1024,
+                              row_budget=1024, adaptive=False, num_speculative_tokens=gamma,
+                              enable_prefix_caching=False)
         engine = Engine.from_config(config, progress=False)
         tokenizer = engine.tokenizer
         texts = [render(tokenizer, e) for e in entries]

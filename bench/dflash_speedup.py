@@ -122,7 +122,7 @@ def synthetic_shard(drafter: str, slots: int, device: str, dtype, layers: int = 
 
     from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
     from tandem.model.config import ModelConfig
-    from tandem.model.kv_cache import KVCache
+    from tandem.model.kv_cache import PagedKVCache
     from tandem.model.llama import LlamaForCausalLM
     from tandem.shard.model_shard import ModelShard
 
@@ -132,7 +132,9 @@ def synthetic_shard(drafter: str, slots: int, device: str, dtype, layers: int = 
     torch.manual_seed(0)
     with torch.device(device):
         target = LlamaForCausalLM(mc).to(dtype).eval().requires_grad_(False)
-    cache = KVCache.for_model(mc, slots, 1024, dtype, device)
+    block_size = 16
+    cache = PagedKVCache(mc.num_layers, slots * -(-1024 // block_size), block_size, mc.num_kv_heads, mc.head_dim,
+                         dtype, device, scratch_blocks=1)  # every slot's 1024 positions
     dr = None
     if drafter.startswith("dflash"):
         dc = DFlashConfig(hidden_size=576, num_layers=layers, num_heads=9, num_kv_heads=3, head_dim=64,
@@ -140,7 +142,8 @@ def synthetic_shard(drafter: str, slots: int, device: str, dtype, layers: int = 
                           mask_token_id=16, num_target_layers=30, rope_theta=100000.0)
         model = DFlashDraftModel(dc).init_weights(0).to(device, dtype).eval().requires_grad_(False)
         dr = DFlashDrafter(model, target, num_slots=slots, max_seq_len=1024, cuda_graphs=None if drafter == "dflash" else False)
-    return ModelShard(target, cache, row_budget=max(256, slots * 16), vocab_size=49152, drafter=dr)
+    return ModelShard(target, cache, num_slots=slots, max_model_len=1024, row_budget=max(256, slots * 16),
+                      vocab_size=49152, drafter=dr)
 
 
 class _Ids:
@@ -169,10 +172,12 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     slots = max(batches)
     engine_drafter = "dflash" if drafter.startswith("dflash") else drafter
     os.environ["TANDEM_DFLASH_CUDA_GRAPHS"] = "0" if drafter == "dflash-eager" else "1"
+    # no prefix cache for any drafter: DFlash runs without one (it drafts from the target's
+    # rows of the whole prompt), so every drafter's runs prefill their prompts alike
     config = EngineConfig(model=model, drafter=engine_drafter, dflash_checkpoint=dflash_checkpoint, max_num_seqs=slots,
-                          max_seq_len=1024, row_budget=max(256, slots * 16), device=device, dtype=dtype,
+                          max_model_len=1024, row_budget=max(256, slots * 16), device=device, dtype=dtype,
                           num_speculative_tokens=DEFAULT_GAMMA.get(drafter, 4) if gamma is None else gamma,
-                          adaptive=adaptive)
+                          adaptive=adaptive, enable_prefix_caching=False)
     if synthetic:
         dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         dt = {"auto": torch.bfloat16 if dev.startswith("cuda") else torch.float32, "float32": torch.float32,

@@ -42,9 +42,12 @@ from tandem.shard.commands import GREEDY, PrefillItem, Verdict, VerifyBatch  # n
 from tandem.shard.factory import ShardSpec, build_model_shard  # noqa: E402
 from tandem.shard.local_group import LocalShardGroup  # noqa: E402
 
+from common import covering, fixed_block_tables  # noqa: E402
+
 N, K = 8, 5
 PROMPT_LEN = 8
 TICKS_PER_ROUND = 50
+MAX_MODEL_LEN = PROMPT_LEN + TICKS_PER_ROUND + K + 1
 TARGET_MS = 1.0
 
 
@@ -62,11 +65,15 @@ def run_round(group, ticks: int, batch_ids, settle: bool = True) -> list[float]:
     """Prefill N slots, then `ticks` timed ticks (verify + verdict); the tick times in ms.
     settle=False: a tick does not wait for its verdict's acknowledgement (the verdict rides
     on the next tick's verify, its acknowledgement read before that verify's reply)."""
-    group.prefill([PrefillItem(slot, [1 + slot] * PROMPT_LEN) for slot in range(N)])
+    bs = group.limits.block_size
+    tables = fixed_block_tables(N, MAX_MODEL_LEN, bs)  # slot i owns the blocks of tables[i]
+    group.prefill([PrefillItem(slot, [1 + slot] * PROMPT_LEN, blocks=covering(tables[slot], PROMPT_LEN, bs))
+                   for slot in range(N)])
     lengths, times = [PROMPT_LEN] * N, []
     for _ in range(ticks):
         cmd = VerifyBatch(batch_id=next(batch_ids), n=N, k=K, slots=list(range(N)), start_pos=list(lengths),
-                          tokens=[7] * (N * K), sampling=[GREEDY] * N)
+                          tokens=[7] * (N * K), sampling=[GREEDY] * N,
+                          block_tables=[covering(t, n + K, bs) for t, n in zip(tables, lengths)])
         t0 = time.perf_counter()
         res = group.verify(cmd)
         group.commit(Verdict(cmd.batch_id, [1] * N))  # keep the last token's row: every slot + 1
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # the tiny forward gains nothing from more; every rank gets 1 too
 
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
-        spec = ShardSpec(model=tiny_model(tmp), num_slots=N, max_seq_len=PROMPT_LEN + TICKS_PER_ROUND + K + 1,
+        spec = ShardSpec(model=tiny_model(tmp), num_slots=N, max_model_len=MAX_MODEL_LEN,
                          row_budget=64, dtype="float32", device="cpu")
         groups = {"in-process (LocalShardGroup)": LocalShardGroup(build_model_shard(spec, progress=False)[0])}
         groups["gRPC, 1 shard process"] = GrpcShardGroup(spec, ProcessLauncher(1, threads_per_rank=1), deadline_s=30)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.is_available()
     ta.init_local_ray(log_to_driver=False, num_gpus=1 if gpu else None)
     handle = ta.start(model=model, in_process_target=True, shard_num_gpus=1.0 if gpu else 0.0,
-                      max_num_seqs=max(args.concurrency), max_seq_len=512, shard_torch_threads=1)
+                      max_num_seqs=max(args.concurrency), max_model_len=512, shard_torch_threads=1)
     sides = {"socket": True, "ray stream": False}
     runs: dict[tuple[str, int], list[dict]] = {}
     try:

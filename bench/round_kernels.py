@@ -22,12 +22,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from common import json_line, machine, print_table  # noqa: E402
+from common import covering, fixed_block_tables, json_line, machine, print_table  # noqa: E402
 
 # SmolLM2-135M's shape
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
                head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True)
 SLOTS, CONTEXT, PROMPT, KEEP = 32, 1024, 100, 3
+BLOCK = 16  # positions of a KV block
 
 
 def build_shard():
@@ -36,7 +37,7 @@ def build_shard():
     from tandem.drafters.dflash import DFlashDrafter, load_dflash_checkpoint, shipped_checkpoint
     from tandem.model.config import ModelConfig
     from tandem.model.cpu_linear import share_fused_storage
-    from tandem.model.kv_cache import KVCache
+    from tandem.model.kv_cache import PagedKVCache
     from tandem.model.llama import LlamaForCausalLM
     from tandem.model.verify_graphs import VerifyGraphs
     from tandem.shard.model_shard import ModelShard
@@ -50,16 +51,19 @@ def build_shard():
             p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.02)
     target = target.to(dev, dtype).eval().requires_grad_(False)
     share_fused_storage(target)  # as the loader does on a GPU
-    cache = KVCache.for_model(cfg, SLOTS, CONTEXT, dtype, dev, scratch_slots=1)
+    blocks = SLOTS * -(-CONTEXT // BLOCK)  # every slot's whole context (Rounds.tables)
+    cache = PagedKVCache(cfg.num_layers, blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim, dtype, dev, scratch_blocks=1)
     draft = load_dflash_checkpoint(shipped_checkpoint("smollm2"), dtype=dtype, device=dev)
     drafter = DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT)
-    return ModelShard(target, cache, row_budget=512, vocab_size=cfg.vocab_size, drafter=drafter,
-                      graphs=VerifyGraphs(target, cache))
+    return ModelShard(target, cache, num_slots=SLOTS, max_model_len=CONTEXT, row_budget=512, vocab_size=cfg.vocab_size,
+                      drafter=drafter, graphs=VerifyGraphs(target, cache, CONTEXT))
 
 
 class Rounds:
     def __init__(self, shard):
         self.shard, self.batch_id = shard, 0
+        # slot s owns its own blocks; each command sends the blocks its positions reach
+        self.tables = fixed_block_tables(SLOTS, CONTEXT, BLOCK)
 
     def run(self, n: int, k: int, count: int) -> dict[str, list[float]]:
         """`count` rounds of n sequences; each call's wall ms."""
@@ -69,10 +73,11 @@ class Rounds:
 
         shard, slots = self.shard, list(range(n))
         shard.release(slots)
-        shard.prefill([PrefillItem(slot=s, tokens=[100 + s + i for i in range(PROMPT)]) for s in slots])
+        shard.prefill([PrefillItem(slot=s, tokens=[100 + s + i for i in range(PROMPT)],
+                                   blocks=covering(self.tables[s], PROMPT, BLOCK)) for s in slots])
         last, times = [5] * n, {"propose": [], "verify": [], "commit": []}
         for _ in range(count):
-            pos = [shard.cache.lengths[s] for s in slots]
+            pos = [shard.lengths[s] for s in slots]
             t0 = time.perf_counter()
             with record_function("propose"):
                 drafts = [[]] * n
@@ -84,7 +89,9 @@ class Rounds:
             with record_function("verify"):
                 res = shard.verify(VerifyBatch(batch_id=self.batch_id, n=n, k=k, slots=slots, start_pos=pos,
                                                tokens=[t for i in range(n) for t in [last[i], *drafts[i]]],
-                                               sampling=[GREEDY] * n))
+                                               sampling=[GREEDY] * n,
+                                               block_tables=[covering(self.tables[s], p + k, BLOCK)
+                                                             for s, p in zip(slots, pos)]))
             t2 = time.perf_counter()
             with record_function("commit"):
                 shard.commit(Verdict(batch_id=self.batch_id, words=[min(KEEP, k)] * n))

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = "cuda" if gpu else "cpu"
-    engine_cfg = dict(model=args.model, drafter=args.drafter, max_num_seqs=max_seqs, max_seq_len=512, device=device)
+    engine_cfg = dict(model=args.model, drafter=args.drafter, max_num_seqs=max_seqs, max_model_len=512, device=device)
 
     import ray
     from ray import serve

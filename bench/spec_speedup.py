@@ -209,12 +209,15 @@ class Target:
     """One loaded target model and the shard groups that engines on it share: engines whose
     ranks look alike (no rank-side drafter, or the same one) share one group."""
 
-    def __init__(self, spec: str | None, *, slots: int, max_seq_len: int, device: str, dtype: str):
+    def __init__(self, spec: str | None, *, slots: int, max_model_len: int, device: str, dtype: str):
         from tandem.config import EngineConfig
         from tandem.shard.factory import build_model_shard
 
-        self.base = EngineConfig(model=spec, drafter="none", max_num_seqs=slots, max_seq_len=max_seq_len,
-                                 row_budget=max(256, 8 * slots), device=device, dtype=dtype)
+        # No prefix cache: the engines of a group take turns on one rank's KV pool, each with
+        # a block allocator of its own, so blocks one engine cached another may overwrite.
+        self.base = EngineConfig(model=spec, drafter="none", max_num_seqs=slots, max_model_len=max_model_len,
+                                 row_budget=max(256, 8 * slots), device=device, dtype=dtype,
+                                 enable_prefix_caching=False)
         t = now()
         shard, self.loaded = build_model_shard(self.base.shard_spec(), progress=False)
         self.load_s = now() - t
@@ -248,17 +251,20 @@ def _local(shard):
 
 
 def one_row_ms(models: dict, position: int, reps: int = 5) -> dict[str, float]:
-    """Milliseconds of one single-row forward at `position` (slot 0; timing only) of each
-    (model, cache), the models taking turns."""
+    """Milliseconds of one single-row forward at `position` (the cache's first blocks;
+    timing only) of each (model, cache), the models taking turns."""
     import torch
+
+    from tandem.model.kv_cache import fixed_tables
 
     def step(model, cache):
         device = model.device
         tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
-        slots, start = torch.zeros(1, dtype=torch.long, device=device), torch.tensor([position], device=device)
+        start = torch.tensor([position], dtype=torch.int32, device=device)
+        tables = fixed_tables(1, position + 1, cache.block_size, device)
 
         def run():
-            model(tokens, slots, start, cache, attn_len=position + 1)
+            model(tokens, start, cache, tables)
             sync(device)
         return run
 
@@ -329,7 +335,7 @@ def bench_drafter(d: Drafter, batches: list[int], quick: bool, with_hf: bool, re
 
     b1_prompts = QUICK["b1_prompts"] if quick else d.b1_prompts
     max_tokens_for = (lambda b: QUICK["max_tokens"]) if quick else (lambda b: d.max_tokens_by_batch.get(b, d.max_tokens))
-    target = Target(d.target, slots=max(batches), max_seq_len=512, device=device, dtype=dtype)
+    target = Target(d.target, slots=max(batches), max_model_len=512, device=device, dtype=dtype)
     name = target.loaded.name
     print(f"[{d.name}] target {name} loaded in {target.load_s:.1f}s", flush=True)
     make = WORKLOADS[d.workload]

@@ -68,7 +68,7 @@ def main(argv=None) -> None:
             tiny_model_folder(folder)
         for drafter in args.drafters:
             engine = Engine.from_config(EngineConfig(model=folder, drafter=drafter, max_num_seqs=max(args.batches),
-                                                     max_seq_len=512, device="cpu", dtype="float32"), progress=False)
+                                                     max_model_len=512, device="cpu", dtype="float32"), progress=False)
             timed = engine.group = engine.ctx.group = TimedVerify(engine.group)
             for n in args.batches:
                 measure(engine, timed, n, 16)  # warm-up: allocations, weight packs

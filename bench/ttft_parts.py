@@ -98,7 +98,7 @@ def main() -> int:
     from tandem.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    cfg = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=512, device="cpu")
+    cfg = EngineConfig(drafter="ngram", max_num_seqs=4, max_model_len=512, device="cpu")
     local = Engine.from_config(cfg, progress=False)
     tok = load_tokenizer(cfg.model, progress=False)
     remote = Engine(GrpcShardGroup(cfg.shard_spec(), ProcessLauncher(1, threads_per_rank=1)), tok.tokenizer,
@@ -113,7 +113,7 @@ def main() -> int:
     init_local_ray(log_to_driver=False)
     rows["ray call"], rows["ray stream"] = ray_floor(args.requests)
     for name, in_process in (("handle in-proc", True), ("handle", False)):
-        handle = start(drafter="ngram", max_num_seqs=4, max_seq_len=512, device="cpu", shard_torch_threads=1,
+        handle = start(drafter="ngram", max_num_seqs=4, max_model_len=512, device="cpu", shard_torch_threads=1,
                        in_process_target=in_process, name=f"ttft-parts-{in_process}")
         for _ in range(3):
             asyncio.run(handle_ttft(handle, params))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import interleaved_min, json_line, machine, print_table, setup_torch, warn_if_busy
+from common import covering, fixed_block_tables, interleaved_min, json_line, machine, print_table, setup_torch, warn_if_busy
 
 TARGET = {"n8_k5": 0.2}
 
@@ -48,18 +48,22 @@ def main(argv=None) -> None:
     ns = [int(x) for x in args.ns.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
     spec = ShardSpec(model=args.model, device="cpu", dtype=args.dtype, num_slots=max(ns),
-                     max_seq_len=args.context + max(ks) + 1, row_budget=max(ns) * max(ks))
+                     max_model_len=args.context + max(ks) + 1, row_budget=max(ns) * max(ks))
     shard, loaded = build_model_shard(spec, progress=False)
     ids = loaded.tokenizer(TEXT * (1 + (args.context + max(ns) * 7 + max(ks)) // 60)).input_ids
-    # Slot i holds `context` tokens starting at offset 7*i; its rows continue that text.
+    # Slot i holds `context` tokens starting at offset 7*i, in blocks of its own; its rows continue that text.
     offsets = [7 * i for i in range(max(ns))]
-    shard.prefill([PrefillItem(slot=i, tokens=ids[o : o + args.context]) for i, o in enumerate(offsets)])
+    bs = shard.limits.block_size
+    tables = fixed_block_tables(max(ns), spec.max_model_len, bs)
     ctx = args.context
+    shard.prefill([PrefillItem(slot=i, tokens=ids[o : o + ctx], blocks=covering(tables[i], ctx, bs))
+                   for i, o in enumerate(offsets)])
 
     def command(slots: list[int], k: int) -> VerifyBatch:
         tokens = [t for s in slots for t in ids[offsets[s] + ctx : offsets[s] + ctx + k]]
         return VerifyBatch(batch_id=0, n=len(slots), k=k, slots=slots, start_pos=[ctx] * len(slots),
-                           tokens=tokens, sampling=[GREEDY] * len(slots))
+                           tokens=tokens, sampling=[GREEDY] * len(slots),
+                           block_tables=[covering(tables[s], ctx + k, bs) for s in slots])
 
     warn_if_busy()
     rows, ratio, batched_ms, separate_ms = [], {}, {}, {}

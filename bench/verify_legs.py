@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.model == TINY:
         args.model = tiny_model_folder(tempfile.mkdtemp(prefix="tandem-tiny-"))
-    config = EngineConfig(model=args.model, max_num_seqs=max(args.concurrency), max_seq_len=512)
+    config = EngineConfig(model=args.model, max_num_seqs=max(args.concurrency), max_model_len=512)
     say("loading the embedded engine")
     local = Engine.from_config(config, progress=False)
     tok = load_tokenizer(config.model, progress=False)

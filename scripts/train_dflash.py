@@ -158,11 +158,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint  # noqa: E402
 from tandem.drafters.dflash.checkpoint import load_dflash_checkpoint  # noqa: E402
 from tandem.drafters.dflash.model import spread_layer_ids  # noqa: E402
+from tandem.model.kv_cache import fixed_tables  # noqa: E402
 from tandem.model.loader import load_model  # noqa: E402
 
 from dflash_prompts import bench_prompts, chat_ids, make_extra_prompts, make_prompts, self_sampled_prompts  # noqa: E402
 
 # ---- data: greedy continuations with the captured layers ------------------------------
+
+KV_BLOCK = 16  # positions of a block of the target's KV cache
 
 
 @torch.inference_mode()
@@ -203,7 +206,8 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
         n = len(chunk)
         lens = prompt_len[b0 : b0 + n]
         t0 = int(lens.max())
-        cache = model.new_cache(n, t0 + max_new)
+        tables = fixed_tables(n, t0 + max_new, KV_BLOCK, dev)  # sequence i: the blocks of row i
+        cache = model.new_cache(n * tables.shape[1], KV_BLOCK)
         tokens = torch.zeros(n, t0 + max_new, dtype=torch.long, device=dev)
         for i, p in enumerate(chunk):
             tokens[i, : len(p)] = torch.tensor(p, device=dev)
@@ -212,13 +216,12 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
         nxt = torch.empty(n, dtype=torch.long, device=dev)
         for s0 in range(0, n, prefill_batch):  # prefill in sub-batches: full logits are [n, t0, V]
             s1 = min(n, s0 + prefill_batch)
-            slots = torch.arange(s0, s1, device=dev)
-            out = model(tokens[s0:s1, :t0], slots, torch.zeros_like(slots), cache, capture_layers=layers, attn_len=t0)
+            start = torch.zeros(s1 - s0, dtype=torch.int32, device=dev)
+            out = model(tokens[s0:s1, :t0], start, cache, tables[s0:s1], capture_layers=layers)
             if features:
                 feats[s0:s1, :t0] = torch.cat([out.hidden[i] for i in layers], dim=-1).to(feat_dtype)
             nxt[s0:s1] = _pick(out.logits[torch.arange(s1 - s0, device=dev), lens[s0:s1] - 1],
                                None if samp is None else samp[s0:s1], temperature, top_k, gen)
-        slots = torch.arange(n, device=dev)
         rows = torch.arange(n, device=dev)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         end = torch.full((n,), max_new, dtype=torch.long, device=dev)  # generated tokens kept per sequence
@@ -230,7 +233,7 @@ def greedy_with_features(model, prompts: list[list[int]], layers: tuple[int, ...
             done |= stop
             if t + 1 == max_new or bool(done.all()):
                 break
-            out = model(nxt[:, None], slots, pos, cache, capture_layers=layers, attn_len=t0 + t + 1)
+            out = model(nxt[:, None], pos, cache, tables, capture_layers=layers)
             if features:
                 feats[rows, pos] = torch.cat([out.hidden[i][:, 0] for i in layers], dim=-1).to(feat_dtype)
             nxt = _pick(out.logits[:, 0], samp, temperature, top_k, gen)
@@ -364,7 +367,8 @@ def prefill_features(model, data: Packed, layers: tuple[int, ...], max_seqs: int
     order = sorted(range(len(lens)), key=lens.__getitem__)
     t_max = max(lens)
     max_seqs = min(max_seqs, len(lens))  # the cache is max_seqs x the longest sequence
-    cache = model.new_cache(max_seqs, t_max)
+    tables = fixed_tables(max_seqs, t_max, KV_BLOCK, dev)  # sequence i of a forward: the blocks of row i
+    cache = model.new_cache(max_seqs * tables.shape[1], KV_BLOCK)
     i = 0
     while i < len(order):
         n = 1
@@ -373,9 +377,8 @@ def prefill_features(model, data: Packed, layers: tuple[int, ...], max_seqs: int
         ids = torch.tensor(order[i : i + n], device=dev)
         t = lens[order[i + n - 1]]
         rows = data.rows(ids, t)  # [n, t]
-        slots = torch.arange(n, device=dev)
-        out = model(data.tokens[rows], slots, torch.zeros_like(slots), cache, capture_layers=layers, attn_len=t,
-                    logit_rows=torch.zeros(n, 0, dtype=torch.long, device=dev))
+        out = model(data.tokens[rows], torch.zeros(n, dtype=torch.int32, device=dev), cache, tables[:n],
+                    capture_layers=layers, logit_rows=torch.zeros(n, 0, dtype=torch.long, device=dev))
         h = torch.cat([out.hidden[j] for j in layers], dim=-1).to(feat_dtype)  # [n, t, F]
         valid = torch.arange(t, device=dev)[None] < data.seq_len[ids][:, None]
         data.feats[rows[valid]] = h[valid]
@@ -613,8 +616,10 @@ def engine_acceptance(args, checkpoint: str, prompts: list[str], log) -> dict:
     from tandem.engine import Engine
     from tandem.sampling_params import SamplingParams
 
+    # no prefix cache for either: DFlash runs without one (it drafts from the target's rows
+    # of the whole prompt), so both prefill their prompts alike
     common = dict(model=args.model, device=args.device, max_num_seqs=min(64, len(prompts)),
-                  max_seq_len=1024, row_budget=1024, adaptive=False)
+                  max_model_len=1024, row_budget=1024, adaptive=False, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=args.gen_tokens)
     result = {}
     for drafter in ("none", "dflash") if args.engine_baseline else ("dflash",):

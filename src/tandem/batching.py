@@ -63,7 +63,7 @@ def batch_width(batch: list[Sequence], block: int = 0) -> int:
 
 def can_pad(s: Sequence) -> bool:
     # room for up to MAX_ROWS rows past the committed KV: padding never runs past the context
-    return s.params.greedy and s.max_seq_len - s.kv_len >= MAX_ROWS
+    return s.params.greedy and s.max_model_len - s.kv_len >= MAX_ROWS
 
 
 def _chunk(seqs: list[Sequence], g: int, row_budget: int, max_batch: int) -> list[list[Sequence]]:

@@ -41,8 +41,12 @@ class EngineConfig:
     dflash_checkpoint: str | None = option(None, "For drafter='dflash': a checkpoint folder (config.json + *.safetensors); None = the weights shipped for the model.")
     num_speculative_tokens: int | None = option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.", ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)
     adaptive: bool = option(True, "Adapt the draft count per sequence (by its acceptance) and cap it per batch (by measured forward costs).")
-    max_num_seqs: int = option(32, "Sequences running at once (KV slots per rank).", ge=1, le=4096)
-    max_seq_len: int = option(1024, "Context per sequence: prompt + output.", ge=1, le=131072)
+    max_num_seqs: int = option(32, "Sequences running at once.", ge=1, le=4096)
+    max_model_len: int | None = option(None, "Positions of one sequence (prompt + output); None = the model's context length, limited by the KV pool.", ge=2, le=1048576)
+    block_size: int = option(16, "Positions of one KV block (the unit of KV memory and of prefix sharing).", ge=1, le=1024)
+    kv_cache_memory_gb: float | None = option(None, "The KV pool of each rank in GiB; None = what gpu_memory_utilization leaves on a GPU, 2 GiB on the CPU (memory is taken as blocks are first written).", gt=0)
+    gpu_memory_utilization: float = option(0.9, "Share of the GPU's memory the rank may use (weights, activations, KV pool) when kv_cache_memory_gb is None.", gt=0, le=1)
+    enable_prefix_caching: bool = option(True, "Share the KV of full blocks of identical prompt prefixes across requests.")
     row_budget: int = option(256, "Most rows in one target forward (n sequences x k rows).", ge=1, le=65536)
     shards: int = option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).", ge=1, le=64)
     device: str = option("auto", "auto (a GPU when there is one), cpu, cuda.")
@@ -97,7 +101,7 @@ class EngineConfig:
             dtype=self.dtype,
             device=self.device,
             num_slots=self.max_num_seqs,
-            max_seq_len=self.max_seq_len,
+            max_model_len=self.max_model_len,
             row_budget=self.row_budget,
             drafter=self.rank_drafter,
             draft_model=self.draft_model,
@@ -106,6 +110,9 @@ class EngineConfig:
             cuda_graphs=self.cuda_graphs,
             dflash_cuda_graphs=self.dflash_cuda_graphs,
             dflash_dtype=self.dflash_dtype,
+            block_size=self.block_size,
+            kv_cache_memory_gb=self.kv_cache_memory_gb,
+            gpu_memory_utilization=self.gpu_memory_utilization,
         )
 
 
@@ -119,4 +126,6 @@ def check_bounds(f: Field, value) -> None:
     if (ge is not None and value < ge) or (le is not None and value > le):
         if le is None:
             raise InvalidRequestError(f.name, f"must be >= {ge}, got {value}")
+        if ge is None:
+            raise InvalidRequestError(f.name, f"must be <= {le}, got {value}")
         raise InvalidRequestError(f.name, f"must be in [{ge}, {le}], got {value}")

@@ -23,15 +23,17 @@ from tandem.config import EngineConfig
 from tandem.detokenizer import Detokenizer
 from tandem.draft_cap import DraftCapPolicy
 from tandem.drafters.factory import build_drafter
+from tandem.drafters.registry import drafter_kind
 from tandem.due_outputs import DueOutput
 from tandem.errors import InvalidRequestError, ShapeError, ShardError
 from tandem.intake import Admission, Request, RequestIntake
+from tandem.kv import KVBlockManager
 from tandem.metrics import EngineMetrics
 from tandem.output_tracker import OutputTracker
 from tandem.outputs import RequestOutput
 from tandem.release import OutputRelease, Sink
 from tandem.sampling_params import SamplingParams
-from tandem.scheduler import Scheduler
+from tandem.scheduler import Scheduler, prefill_tokens
 from tandem.sequence import FinishReason, Sequence
 from tandem.shard.commands import PrefillItem
 from tandem.verify.step import StepContext, propose_drafts, verify_step
@@ -61,8 +63,14 @@ class Engine:
         self.clock = clock or MonotonicClock()
         self.metrics = metrics or EngineMetrics()
         limits = group.limits
-        self.scheduler = Scheduler(limits.num_slots, limits.row_budget)
         drafter = build_drafter(self.config, group)
+        # DFlash drafts from the target's rows of the whole context: a cached prefix has none
+        prefix_caching = self.config.enable_prefix_caching and not drafter_kind(self.config.drafter).checkpoint
+        kv = KVBlockManager(limits.num_blocks, limits.block_size, prefix_caching=prefix_caching)
+        self.scheduler = Scheduler(limits.num_slots, limits.row_budget, kv)
+        log.info("KV pool: %d blocks of %d tokens (%d tokens), max_model_len %d, prefix caching %s",
+                 limits.num_blocks, limits.block_size, limits.num_blocks * limits.block_size, limits.max_model_len,
+                 "on" if prefix_caching else "off")
         max_gamma = self.config.num_speculative_tokens if drafter is not None else 0
         whole_blocks = drafter is not None and drafter.whole_blocks
         self.adaptive = AdaptiveSpec(max_gamma, adaptive=self.config.adaptive, whole_blocks=whole_blocks)
@@ -83,6 +91,9 @@ class Engine:
             max_verify_failures=self.config.max_verify_failures,
             draft_cap=max_gamma,
             on_committed=self.release.committed,
+            make_room=self._make_room,
+            block_table=self.scheduler.table,
+            kv_committed=self.scheduler.committed,
         )
         self._lock = threading.RLock()  # held for a whole tick
         self._prefill_tick = False  # the last tick only admitted (see _prefill_only)
@@ -154,9 +165,10 @@ class Engine:
             others_wait = bool(self.scheduler.running)
             admitted = self.scheduler.admit()
             if admitted:
-                self._prefill(admitted, first=True)
+                self._prefill(admitted)
             if not self._prefill_only(admitted, others_wait):
                 self._verify_running(admitted)
+            self.metrics.record_scheduler(self.scheduler)
             return earlier + self.release.end_tick()
 
     def flush(self) -> list[RequestOutput]:
@@ -183,9 +195,19 @@ class Engine:
             if not self.group.healthy():
                 break  # the rest wait for the recovery next tick
 
-    def _prefill(self, seqs: list[Sequence], first: bool) -> None:
-        """Prefill a batch; on failure retry one by one so a failure finishes only its own."""
-        items = [self._prefill_item(s, first) for s in seqs]
+    def _make_room(self, batch: list[Sequence], rows: int) -> list[Sequence]:
+        """The batch less what the scheduler preempted to give it KV blocks for `rows`
+        more positions; the preempted sequences' slots are released on the ranks."""
+        kept = self.scheduler.make_room(batch, rows)
+        self._release_slots(self.scheduler.preempted_slots)
+        self.scheduler.preempted_slots = []
+        return kept
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        """Prefill a batch; on failure retry one by one so a failure finishes only its own.
+        A sequence's first prefill emits its first token; a later one (after a preemption
+        or a recovery) writes its tokens but the last, which is row 0 of its next verify."""
+        items = [self._prefill_item(s) for s in seqs]
         t0 = self.clock.now()
         try:
             res = self.group.prefill(items)
@@ -197,11 +219,13 @@ class Engine:
                 seqs[0].finish(FinishReason.ERROR, error=f"prefill failed: {e}")
                 return
             for s in seqs:
-                self._prefill([s], first)
+                self._prefill([s])
             return
         now = self.clock.now()
         self.ctx.cost.record_prefill(sum(len(it.tokens) for it in items), (now - t0) * 1000.0)
-        for s, tok in zip(seqs, res.next_tokens):
+        for s, item, tok in zip(seqs, items, res.next_tokens):
+            first = not s.output_ids
+            self.metrics.record_prefix_hit(len(item.tokens), item.cached_len)
             if first:
                 self.metrics.prompt_tokens.inc(len(s.prompt_ids))
                 self.metrics.queue_time.observe(t0 - s.arrival)
@@ -210,15 +234,15 @@ class Engine:
                 s.emit(tok, self.ctx.detok)
                 self.metrics.generated_tokens.inc()
             s.drafts = []
+            self.scheduler.committed(s)
         # the cap counts the new sequences before their first propose: a cap left from a
         # smaller batch would draft (and, for a draft model, catch up) a whole wave of prompts
         self.ctx.draft_cap = self.draft_cap.cap()
         propose_drafts([s for s in seqs if not s.finished], self.ctx)
 
-    @staticmethod
-    def _prefill_item(s: Sequence, first: bool) -> PrefillItem:
-        # A re-prefill writes all but the last token, which is row 0 of the next verify.
-        return PrefillItem(slot=s.slot, tokens=s.prompt_ids if first else s.all_ids[:-1], sampling=s.sampling)
+    def _prefill_item(self, s: Sequence) -> PrefillItem:
+        return PrefillItem(slot=s.slot, tokens=prefill_tokens(s), sampling=s.sampling,
+                           blocks=self.scheduler.table(s), cached_len=s.cached_len)
 
     def _recover(self) -> list[RequestOutput]:
         """Restart a lost shard group and re-prefill every running sequence from its tokens;
@@ -230,24 +254,27 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - stay recovering; the next tick tries again
             log.error("shard group restart failed: %s", e)
             return earlier
+        self.scheduler.reset_kv()  # the new ranks hold no KV
         running = [s for s in self.scheduler.running if not s.finished]
         log.warning("shard group restarted; re-prefilling %d running sequences", len(running))
         self.intake.recovering = False
         if running:
-            self._prefill(running, first=False)
+            self._prefill(running)
         return earlier
 
     def _due(self) -> list[DueOutput]:
         """The outputs owed now (OutputRelease builds them); finished sequences leave the
         scheduler, their slots go back to every rank."""
         dues = self.outputs.due()
-        slots = [s.slot for s in self.scheduler.reap() if s.slot is not None]
+        self._release_slots([s.slot for s in self.scheduler.reap() if s.slot is not None])
+        return dues
+
+    def _release_slots(self, slots: list[int]) -> None:
         if slots and self.group.healthy():
             try:
                 self.group.release(slots)
             except (ShardError, ShapeError) as e:
                 log.error("release of slots %s failed: %s", slots, e)
-        return dues
 
     # ---- conveniences -------------------------------------------------------------------
 

@@ -99,6 +99,11 @@ class RequestIntake:
             request_id = f"req-{self._ids}"
         elif request_id in self.requests:
             return Admission(error=InvalidRequestError("request_id", f"{request_id!r} is already running"))
+        total = len(ids) + params.max_tokens
+        if total > self.limits.max_model_len and not params.max_tokens_is_default:
+            return Admission(error=InvalidRequestError(
+                "max_tokens", f"the prompt's {len(ids)} tokens + max_tokens {params.max_tokens} = {total} exceed "
+                f"max_model_len {self.limits.max_model_len}"))
         seq = Sequence(
             request_id=request_id,
             prompt=prompt if isinstance(prompt, str) else None,
@@ -106,7 +111,7 @@ class RequestIntake:
             params=params,
             seed=params.seed if params.seed is not None else secrets.randbits(63),
             eos_ids=self.eos_ids,
-            max_seq_len=self.limits.max_seq_len,
+            max_model_len=self.limits.max_model_len,
             arrival=self.clock.now(),
         )
         seq.spec = self.adaptive.new_state()
@@ -146,9 +151,9 @@ class RequestIntake:
             raise InvalidRequestError("prompt", f"must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise InvalidRequestError("prompt", "must not be empty")
-        limit = self.limits.max_seq_len
+        limit = self.limits.max_model_len
         if len(ids) >= limit:
-            raise InvalidRequestError("prompt", f"{len(ids)} tokens do not fit the context of {limit} (max_seq_len) with room to generate")
+            raise InvalidRequestError("prompt", f"{len(ids)} tokens do not fit the context of {limit} (max_model_len) with room to generate")
         return ids
 
     def drain_into(self, scheduler: Scheduler) -> None:

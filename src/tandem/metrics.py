@@ -1,4 +1,5 @@
-"""Telemetry: Prometheus counters under vLLM's speculative-decoding names, plus timings.
+"""Telemetry: Prometheus counters under vLLM's names (speculative decoding, the KV cache,
+the scheduler), plus timings.
 
 Each Engine owns a registry (tests build many engines in one process); a server
 exposes it with prometheus_client.generate_latest(engine.metrics.registry).
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger("tandem.verify")
 
@@ -47,7 +48,27 @@ class EngineMetrics:
         self.e2e_latency = Histogram("tandem:e2e_request_latency_seconds",
                                      "Seconds from arrival to the end, of requests that finished (stop or length).",
                                      buckets=_LATENCY_S_BUCKETS, registry=r)
+        # the KV pool and the scheduler, under vLLM's names
+        self.kv_cache_usage = Gauge("tandem:kv_cache_usage_perc", "Share of the KV pool's blocks held by sequences (0..1).", registry=r)
+        self.prefix_cache_queries = Counter("tandem:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r)
+        self.prefix_cache_hits = Counter("tandem:prefix_cache_hits", "Prompt tokens found in the prefix cache (not prefilled).", registry=r)
+        self.num_preemptions = Counter("tandem:num_preemptions", "Running sequences preempted for KV blocks.", registry=r)
+        self.num_requests_running = Gauge("tandem:num_requests_running", "Sequences running (holding a slot and KV blocks).", registry=r)
+        self.num_requests_waiting = Gauge("tandem:num_requests_waiting", "Sequences waiting for a slot or KV blocks.", registry=r)
+        self._preemptions_seen = 0
         self.max_positions = max_positions
+
+    def record_prefix_hit(self, tokens: int, cached: int) -> None:
+        self.prefix_cache_queries.inc(tokens)
+        self.prefix_cache_hits.inc(cached)
+
+    def record_scheduler(self, scheduler) -> None:
+        """The gauges after a tick, and the preemptions it made."""
+        self.kv_cache_usage.set(scheduler.kv.usage())
+        self.num_requests_running.set(len(scheduler.running))
+        self.num_requests_waiting.set(len(scheduler.waiting))
+        self.num_preemptions.inc(scheduler.num_preemptions - self._preemptions_seen)
+        self._preemptions_seen = scheduler.num_preemptions
 
     def record_verify(self, drafted: list[int], accepted: list[int]) -> None:
         """drafted[i], accepted[i]: one sequence's draft count and accepted count this round."""

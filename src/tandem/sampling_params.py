@@ -19,6 +19,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # max_tokens is a default the client did not ask for: a prompt too long for it to fit
+    # the context generates what the context leaves (finish_reason "length") instead of a 400
+    max_tokens_is_default: bool = False
 
     def __post_init__(self) -> None:
         # Normalise list inputs so the params stay hashable and immutable.

@@ -43,11 +43,12 @@ class Sequence:
     params: SamplingParams
     seed: int  # resolved: the request's seed, or one drawn for it
     eos_ids: frozenset[int]
-    max_seq_len: int
+    max_model_len: int
     arrival: float
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     slot: int | None = None
+    cached_len: int = 0  # leading tokens of its next prefill that the prefix cache holds
     finish_reason: FinishReason | None = None
     error: str | None = None
     drafts: list[int] = field(default_factory=list)  # pending drafts, verified next
@@ -84,7 +85,7 @@ class Sequence:
     def budget(self) -> int:
         """How many more tokens this sequence may emit (max_tokens and the context)."""
         by_tokens = self.params.max_tokens - len(self.output_ids)
-        by_context = self.max_seq_len - (len(self.prompt_ids) + len(self.output_ids))
+        by_context = self.max_model_len - (len(self.prompt_ids) + len(self.output_ids))
         return max(0, min(by_tokens, by_context))
 
     def output_text(self, detok: Detokenizer, stable: bool = False, upto: int | None = None) -> str:

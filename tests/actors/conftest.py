@@ -22,7 +22,7 @@ def tp2(ray_cluster):
         num_speculative_tokens=0,
         row_budget=1,
         max_num_seqs=4,
-        max_seq_len=512,
+        max_model_len=512,
         rpc_deadline_s=6.0,
         name=TP2_ENGINE_NAME,
     )
@@ -35,6 +35,6 @@ def embedded():
     """The embedded engine (one in-process rank, n-gram drafting): the reference text."""
     from tandem.engine import Engine
 
-    engine = Engine.from_config(progress=False, model="smollm2", max_num_seqs=4, max_seq_len=512)
+    engine = Engine.from_config(progress=False, model="smollm2", max_num_seqs=4, max_model_len=512)
     yield engine
     engine.close()

@@ -7,10 +7,11 @@ import os
 import pytest
 import torch
 
+from slot_blocks import prefill_item
 from tandem.config import EngineConfig
 from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint
 from tandem.drafters.factory import RankDrafterInfo
-from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch
+from tandem.shard.commands import GREEDY, ProposeBatch
 from tandem.shard.factory import build_model_shard
 from tandem.shard.local_group import LocalShardGroup
 
@@ -35,7 +36,7 @@ def tiny_dflash(folder) -> str:
 
 
 def drafts_of(group) -> list[int]:
-    last = group.prefill([PrefillItem(0, PROMPT)]).next_tokens
+    last = group.prefill([prefill_item(0, PROMPT)]).next_tokens
     return group.propose(ProposeBatch(slots=[0], last_tokens=last, positions=[len(PROMPT)], num_drafts=[4],
                                       sampling=[GREEDY])).drafts[0]
 
@@ -55,7 +56,7 @@ def test_a_relative_checkpoint_reaches_the_shard_actor(ray_cluster, tmp_path, mo
     model = tiny_llama(tmp_path / "tiny-llama")
     folder = tiny_dflash(tmp_path / "ckpt")
     monkeypatch.chdir(tmp_path)
-    config = EngineConfig(model=model, drafter="dflash", dflash_checkpoint="ckpt", max_num_seqs=2, max_seq_len=64,
+    config = EngineConfig(model=model, drafter="dflash", dflash_checkpoint="ckpt", max_num_seqs=2, max_model_len=64,
                           row_budget=32, device="cpu", dtype="float32")
     group = GrpcShardGroup(config.shard_spec(), RayShardLauncher(1, torch_threads=1), deadline_s=60)
     try:

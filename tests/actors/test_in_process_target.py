@@ -13,7 +13,7 @@ def test_an_in_process_target_serves_the_embedded_text_without_shard_actors(ray_
 
     prompt, params = "def fibonacci(n):", SamplingParams(max_tokens=12, temperature=0.0)
     reference = embedded.generate([prompt], params)[0]
-    handle = ta.start(model="smollm2", in_process_target=True, max_num_seqs=4, max_seq_len=512)
+    handle = ta.start(model="smollm2", in_process_target=True, max_num_seqs=4, max_model_len=512)
     try:
         assert handle.shard_actors() == []
         assert handle.generate(prompt, params).token_ids == reference.token_ids

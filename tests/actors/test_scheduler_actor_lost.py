@@ -18,7 +18,7 @@ def test_streams_of_a_lost_scheduler_actor_end_with_an_error(ray_cluster, direct
 
     import tandem.actors as ta
 
-    handle = ta.start(model="smollm2", drafter="none", in_process_target=True, max_num_seqs=2, max_seq_len=512)
+    handle = ta.start(model="smollm2", drafter="none", in_process_target=True, max_num_seqs=2, max_model_len=512)
     mux = handle.multiplexed(direct)
 
     async def run():

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import torch
 
+from slot_blocks import BLOCK, pool_blocks
 from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
 from tandem.model.config import ModelConfig
-from tandem.model.kv_cache import KVCache
+from tandem.model.kv_cache import PagedKVCache
 from tandem.model.llama import LlamaForCausalLM
 from tandem.model.verify_graphs import VerifyGraphs
 from tandem.shard.model_shard import ModelShard
@@ -44,14 +45,18 @@ def tiny_shard(target: LlamaForCausalLM, draft: DFlashDraftModel | None, cuda_gr
                target_graphs: bool = False) -> ModelShard:
     """A shard of `target` with slots for SLOTS sequences, drafting with `draft` (None: no
     drafter). cuda_graphs=True graphs the drafter's forwards, target_graphs=True the
-    target's verify forward; on the CPU their padded graph shapes then run eagerly."""
+    target's verify forward; on the CPU their padded graph shapes then run eagerly. Its KV
+    pool holds the per-slot tables of tests/slot_blocks.py, and the scratch block the shard
+    pads tables with."""
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
-    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT, dtype, device, scratch_slots=1 if target_graphs else 0)
+    cache = PagedKVCache(TARGET.num_layers, pool_blocks(SLOTS), BLOCK, TARGET.num_kv_heads, TARGET.head_dim, dtype, device,
+                         scratch_blocks=1)
     drafter = (DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT, cuda_graphs=cuda_graphs)
                if draft is not None else None)
-    graphs = VerifyGraphs(target, cache, capture=device.type == "cuda") if target_graphs else None
-    return ModelShard(target, cache, row_budget=ROW_BUDGET, vocab_size=VOCAB, drafter=drafter, graphs=graphs)
+    graphs = VerifyGraphs(target, cache, CONTEXT, capture=device.type == "cuda") if target_graphs else None
+    return ModelShard(target, cache, num_slots=SLOTS, max_model_len=CONTEXT, row_budget=ROW_BUDGET, vocab_size=VOCAB,
+                      drafter=drafter, graphs=graphs)
 
 
 class DigitsTokenizer:

@@ -9,9 +9,16 @@ import pytest
 import torch
 
 from dflash_tiny import SLOTS, VOCAB, random_dflash, tiny_shard, tiny_target
+from slot_blocks import blocks, prefill_item
 from tandem.model.cuda_graph import next_pow2
-from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch
+from tandem.shard.commands import GREEDY, ProposeBatch
 from tandem.shard.prefill_groups import prefill_groups
+
+
+def slot_rows(pool: torch.Tensor, slot: int, n: int) -> torch.Tensor:
+    """The first n positions of a slot's K (or V) in a layer's pool, [kv_heads, n, head_dim]."""
+    held = pool[blocks(slot, n)]  # [blocks, kv_heads, block_size, head_dim]
+    return held.transpose(0, 1).reshape(held.shape[1], -1, held.shape[3])[:, :n]
 
 
 def test_groups_cover_every_prompt_once_within_the_budget_and_half_the_width():
@@ -43,7 +50,7 @@ def test_a_batched_prefill_leaves_the_same_state_as_one_prompt_at_a_time(graph_r
         batched.graphs.max_rows = graph_rows
     rng = random.Random(1)
     lengths = [5, 17, 9, 30, 3, 16, 12, 11]
-    items = [PrefillItem(slot=s, tokens=[rng.randrange(VOCAB - 1) for _ in range(n)]) for s, n in enumerate(lengths)]
+    items = [prefill_item(s, [rng.randrange(VOCAB - 1) for _ in range(n)]) for s, n in enumerate(lengths)]
     assert len(items) <= SLOTS
 
     forwards = []
@@ -61,12 +68,13 @@ def test_a_batched_prefill_leaves_the_same_state_as_one_prompt_at_a_time(graph_r
     assert picks == [single.prefill([it]).next_tokens[0] for it in items]
     for it in items:
         n = len(it.tokens)
-        assert batched.cache.lengths[it.slot] == single.cache.lengths[it.slot] == n
+        assert batched.lengths[it.slot] == single.lengths[it.slot] == n
         for layer in range(len(batched.cache.k)):
-            torch.testing.assert_close(batched.cache.k[layer][it.slot, :, :n], single.cache.k[layer][it.slot, :, :n],
-                                       rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(batched.cache.v[layer][it.slot, :, :n], single.cache.v[layer][it.slot, :, :n],
-                                       rtol=1e-5, atol=1e-5)
+            assert slot_rows(batched.cache.k[layer], it.slot, n).abs().sum() > 0, "the slot's blocks hold its rows"
+            torch.testing.assert_close(slot_rows(batched.cache.k[layer], it.slot, n),
+                                       slot_rows(single.cache.k[layer], it.slot, n), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(slot_rows(batched.cache.v[layer], it.slot, n),
+                                       slot_rows(single.cache.v[layer], it.slot, n), rtol=1e-5, atol=1e-5)
 
     # the drafter's context came from the captured rows: its next drafts agree too
     slots = [it.slot for it in items]

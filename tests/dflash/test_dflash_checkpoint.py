@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from dflash_tiny import TARGET, VOCAB, random_dflash, random_prompts, tiny_shard
+from slot_blocks import prefill_item
 from tandem.drafters.dflash import build_dflash_drafter, load_dflash_checkpoint, save_dflash_checkpoint
-from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch
+from tandem.shard.commands import GREEDY, ProposeBatch
 from tandem.shard.spec import ShardSpec
 
 LAYERS = 2
@@ -105,13 +106,13 @@ def test_a_zlab_layout_checkpoint_loads_with_its_config_keys_and_tensors(tmp_pat
 
 def test_a_zlab_checkpoint_drafts_in_the_engine_through_the_shard_spec(tmp_path, target):
     folder = write_checkpoint(tmp_path / "zlab", zlab_config(), zlab_tensors())
-    spec = ShardSpec(dflash_checkpoint=folder, num_slots=4, max_seq_len=128)
+    spec = ShardSpec(dflash_checkpoint=folder, num_slots=4, max_model_len=128)
     drafter = build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32)
     assert drafter.capture_layers == (1, 3) and drafter.block_size == 5
     shard = tiny_shard(target, None)
     shard.drafter, shard.capture = drafter, drafter.capture_layers
     prompt = random_prompts(1, seed=3)[0]
-    last = shard.prefill([PrefillItem(slot=2, tokens=prompt)]).next_tokens[0]
+    last = shard.prefill([prefill_item(2, prompt)]).next_tokens[0]
     drafts = shard.propose(ProposeBatch(slots=[2], last_tokens=[last], positions=[len(prompt)], num_drafts=[8],
                                         sampling=[GREEDY])).drafts[0]
     assert len(drafts) == 4 and all(0 <= t < VOCAB for t in drafts)
@@ -140,13 +141,13 @@ def test_a_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path, change, mes
 
 def test_a_checkpoint_for_another_target_is_refused(tmp_path, target):
     folder = write_checkpoint(tmp_path / "other", zlab_config(num_target_layers=36), zlab_tensors())
-    spec = ShardSpec(dflash_checkpoint=folder, num_slots=2, max_seq_len=64)
+    spec = ShardSpec(dflash_checkpoint=folder, num_slots=2, max_model_len=64)
     with pytest.raises(ValueError, match="36-layer target"):
         build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32)
 
 
 def test_no_shipped_weights_for_an_unknown_target_says_what_to_pass(target):
-    spec = ShardSpec(dflash_checkpoint=None, num_slots=2, max_seq_len=64)
+    spec = ShardSpec(dflash_checkpoint=None, num_slots=2, max_model_len=64)
     with pytest.raises(ValueError, match="dflash_checkpoint"):
         build_dflash_drafter(spec, fake_loaded(target, name="tiny"), device="cpu", dtype=torch.float32)
 
@@ -160,7 +161,7 @@ def test_save_then_load_keeps_the_drafts(tmp_path, target):
     drafts = []
     for d in (draft, again):
         shard = tiny_shard(target, d)
-        last = shard.prefill([PrefillItem(slot=0, tokens=prompt)]).next_tokens[0]
+        last = shard.prefill([prefill_item(0, prompt)]).next_tokens[0]
         drafts.append(shard.propose(ProposeBatch(slots=[0], last_tokens=[last], positions=[len(prompt)],
                                                  num_drafts=[8], sampling=[GREEDY])).drafts[0])
     assert drafts[0] == drafts[1]
@@ -178,7 +179,7 @@ def test_a_draft_vocabulary_limits_the_drafts_and_survives_save_and_load(tmp_pat
     assert again.draft_vocab.dtype == torch.long and torch.equal(again.draft_vocab, draft.draft_vocab)
     shard = tiny_shard(target, again)
     prompts = random_prompts(3, seed=8)
-    res = shard.prefill([PrefillItem(slot=s, tokens=p) for s, p in enumerate(prompts)])
+    res = shard.prefill([prefill_item(s, p) for s, p in enumerate(prompts)])
     from tandem.shard.commands import SamplingSpec
 
     spec = SamplingSpec(temperature=1.0, seed=3)

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from dflash_tiny import SLOTS, VOCAB, random_dflash, random_prompts, tiny_shard
-from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch, SamplingSpec, Verdict, VerifyBatch
+from slot_blocks import BLOCK, prefill_item, verify_batch
+from tandem.model.kv_cache import fixed_tables
+from tandem.shard.commands import GREEDY, ProposeBatch, SamplingSpec, Verdict
 from tandem.verify.accept import accepted_prefix
 
 
@@ -21,8 +23,9 @@ def reference_drafts(draft, target, history: list[int], last: int) -> tuple[list
     c = draft.config
     P, B = len(history), c.block_size
     with torch.no_grad():
-        out = target(torch.tensor([history]), torch.tensor([0]), torch.tensor([0]), target.new_cache(1, P + 1),
-                     capture_layers=c.target_layer_ids)
+        tables = fixed_tables(1, P + 1, BLOCK)
+        out = target(torch.tensor([history]), torch.tensor([0], dtype=torch.int32), target.new_cache(tables.shape[1]),
+                     tables, capture_layers=c.target_layer_ids)
         feats = torch.cat([out.hidden[i][0] for i in c.target_layer_ids], dim=-1)  # [P, nL*H]
         ctx = draft.hidden_norm(draft.fc(feats))  # [P, H]
         x = target.embed(torch.tensor([last] + [c.mask_token_id] * (B - 1)))  # [B, H]
@@ -51,7 +54,7 @@ def reference_drafts(draft, target, history: list[int], last: int) -> tuple[list
 
 
 def propose(shard, slots, last, num_drafts, sampling=None):
-    cmd = ProposeBatch(slots=slots, last_tokens=[last[s] for s in slots], positions=[shard.cache.lengths[s] for s in slots],
+    cmd = ProposeBatch(slots=slots, last_tokens=[last[s] for s in slots], positions=[shard.lengths[s] for s in slots],
                        num_drafts=[num_drafts] * len(slots), sampling=sampling or [GREEDY] * len(slots))
     return shard.propose(cmd).drafts
 
@@ -63,14 +66,14 @@ def run_rounds(shard, prompts, rounds: int, num_drafts: int, forced_seed: int | 
     Returns each slot's committed history and its last (not yet committed) token."""
     g = torch.Generator().manual_seed(forced_seed or 0)
     slots = list(range(len(prompts)))
-    res = shard.prefill([PrefillItem(slot=s, tokens=p) for s, p in zip(slots, prompts)])
+    res = shard.prefill([prefill_item(s, p) for s, p in zip(slots, prompts)])
     last = dict(zip(slots, res.next_tokens))
     history = {s: list(p) for s, p in zip(slots, prompts)}
     for r in range(rounds):
         drafts = propose(shard, slots, last, num_drafts)
         k = num_drafts + 1
-        cmd = VerifyBatch(batch_id=r + 1, n=len(slots), k=k, slots=slots, start_pos=[len(history[s]) for s in slots],
-                          tokens=[t for s, d in zip(slots, drafts) for t in [last[s], *d]], sampling=[GREEDY] * len(slots))
+        cmd = verify_batch(r + 1, len(slots), k, slots, [len(history[s]) for s in slots],
+                           [t for s, d in zip(slots, drafts) for t in [last[s], *d]])
         picks = shard.verify(cmd).picks
         words = []
         for i, s in enumerate(slots):
@@ -145,7 +148,7 @@ def test_a_re_prefill_and_a_release_forget_the_slot(target, draft):
     shard.release([0])
     assert shard.drafter.length[0] == 0 and 0 not in shard.drafter.pending
     # a recovery re-prefills the slot with its whole history: the drafter starts over from it
-    res = shard.prefill([PrefillItem(slot=1, tokens=history[1])])
+    res = shard.prefill([prefill_item(1, history[1])])
     assert res.next_tokens == [last[1]]
     want, _ = reference_drafts(shard.drafter.model, target, history[1], last[1])
     assert propose(shard, [1], last, 5)[0] == want
@@ -175,14 +178,15 @@ def test_on_a_gpu_in_bf16_the_batched_propose_matches_one_at_a_time(target, draf
 
     gpu_target = copy.deepcopy(target).to("cuda", torch.bfloat16)
     gpu_draft = copy.deepcopy(draft).to("cuda", torch.bfloat16)
-    from dflash_tiny import CONTEXT, ROW_BUDGET, TARGET
+    from dflash_tiny import CONTEXT, ROW_BUDGET
+    from slot_blocks import pool_blocks
     from tandem.drafters.dflash import DFlashDrafter
-    from tandem.model.kv_cache import KVCache
     from tandem.shard.model_shard import ModelShard
 
-    cache = KVCache.for_model(TARGET, SLOTS, CONTEXT, torch.bfloat16, "cuda")
+    cache = gpu_target.new_cache(pool_blocks(SLOTS), BLOCK)
     drafter = DFlashDrafter(gpu_draft, gpu_target, num_slots=SLOTS, max_seq_len=CONTEXT)
-    shard = ModelShard(gpu_target, cache, row_budget=ROW_BUDGET, vocab_size=VOCAB, drafter=drafter)
+    shard = ModelShard(gpu_target, cache, num_slots=SLOTS, max_model_len=CONTEXT, row_budget=ROW_BUDGET, vocab_size=VOCAB,
+                       drafter=drafter)
     prompts = random_prompts(6, seed=14)
     _, last = run_rounds(shard, prompts, rounds=3, num_drafts=5, forced_seed=15)
     slots = list(range(len(prompts)))

@@ -36,7 +36,7 @@ def run_joining_midway(engine, prompts, params):
 
 
 def tiny_engine(shard, drafter: str, batch: int, **cfg) -> Engine:
-    config = EngineConfig(drafter=drafter, max_num_seqs=batch, max_seq_len=shard.cache.max_seq_len,
+    config = EngineConfig(drafter=drafter, max_num_seqs=batch, max_model_len=shard.limits.max_model_len,
                           row_budget=shard.rules.row_budget, **cfg)
     return Engine(LocalShardGroup(shard), DigitsTokenizer(), eos_token_ids=(), config=config)
 
@@ -151,7 +151,7 @@ CHATS = [
 def default_group(default_model):
     from tandem.shard.factory import ShardSpec, build_model_shard
 
-    spec = ShardSpec(num_slots=16, max_seq_len=256, row_budget=128, device="cpu", dtype="float32", drafter="dflash")
+    spec = ShardSpec(num_slots=16, max_model_len=256, row_budget=128, device="cpu", dtype="float32", drafter="dflash")
     shard, _ = build_model_shard(spec, loaded=default_model, progress=False)
     return LocalShardGroup(shard)
 
@@ -159,7 +159,7 @@ def default_group(default_model):
 @pytest.fixture(scope="module")
 def default_reference(default_model, default_group):
     engine = Engine(default_group, default_model.tokenizer, default_model.eos_token_ids,
-                    EngineConfig(drafter="none", max_num_seqs=16, max_seq_len=256, row_budget=128))
+                    EngineConfig(drafter="none", max_num_seqs=16, max_model_len=256, row_budget=128))
     texts = [engine.chat_prompt([{"role": "user", "content": c}]) for c in CHATS]
     return texts, [o.token_ids for o in engine.generate(texts, SamplingParams(max_tokens=MAX_TOKENS))]
 
@@ -169,7 +169,7 @@ def default_reference(default_model, default_group):
 def test_the_trained_drafter_keeps_greedy_output_exact_and_is_accepted(batch, default_model, default_group, default_reference):
     texts, want = default_reference
     engine = Engine(default_group, default_model.tokenizer, default_model.eos_token_ids,
-                    EngineConfig(drafter="dflash", max_num_seqs=batch, max_seq_len=256, row_budget=128,
+                    EngineConfig(drafter="dflash", max_num_seqs=batch, max_model_len=256, row_budget=128,
                                  num_speculative_tokens=7, adaptive=False))
     outs = run_joining_midway(engine, texts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outs] == want[:batch]

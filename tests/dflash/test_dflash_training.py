@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from dflash_tiny import random_dflash, random_prompts, tiny_shard
-from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch
+from slot_blocks import BLOCK, prefill_item
+from tandem.model.kv_cache import fixed_tables
+from tandem.shard.commands import GREEDY, ProposeBatch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 import train_dflash  # noqa: E402
@@ -20,8 +22,9 @@ def features(target, layers, seqs):
     tokens = torch.zeros(len(seqs), T, dtype=torch.long)
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = torch.tensor(s)
-    out = target(tokens, torch.arange(len(seqs)), torch.zeros(len(seqs), dtype=torch.long),
-                 target.new_cache(len(seqs), T), capture_layers=layers)
+    tables = fixed_tables(len(seqs), T, BLOCK)
+    out = target(tokens, torch.zeros(len(seqs), dtype=torch.int32), target.new_cache(len(seqs) * tables.shape[1]), tables,
+                 capture_layers=layers)
     return tokens, torch.cat([out.hidden[i] for i in layers], dim=-1)
 
 
@@ -37,7 +40,7 @@ def test_a_packed_training_block_drafts_what_a_propose_at_its_anchor_drafts(targ
     for i, s in enumerate(seqs):
         for j, p in enumerate(anchors[i].tolist()):
             shard.release([0])
-            shard.prefill([PrefillItem(slot=0, tokens=s[:p])])
+            shard.prefill([prefill_item(0, s[:p])])
             cmd = ProposeBatch(slots=[0], last_tokens=[s[p]], positions=[p], num_drafts=[16], sampling=[GREEDY])
             assert shard.propose(cmd).drafts[0] == trained[i, j].tolist(), f"sequence {i}, anchor {p}"
 
@@ -91,7 +94,7 @@ def test_the_walked_offline_acceptance_is_the_engines_acceptance(target):
     walked = train_dflash.walked_acceptance(draft, target, data, max_new)
     shard = tiny_shard(target, draft)
     engine = Engine(LocalShardGroup(shard), DigitsTokenizer(), eos_token_ids=(),
-                    config=EngineConfig(drafter="dflash", max_num_seqs=6, max_seq_len=shard.cache.max_seq_len,
+                    config=EngineConfig(drafter="dflash", max_num_seqs=6, max_model_len=shard.limits.max_model_len,
                                         row_budget=shard.rules.row_budget, num_speculative_tokens=B - 1, adaptive=False))
     outs = engine.generate(prompts, SamplingParams(max_tokens=max_new))
     tokens, _, prompt_len, seq_len = data

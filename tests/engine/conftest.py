@@ -16,7 +16,7 @@ CONTEXT = 512
 @pytest.fixture(scope="session")
 def local_group(default_model):
     shard, _ = build_model_shard(
-        ShardSpec(num_slots=SLOTS, max_seq_len=CONTEXT, row_budget=128, device="cpu", dtype="float32"),
+        ShardSpec(num_slots=SLOTS, max_model_len=CONTEXT, row_budget=128, device="cpu", dtype="float32"),
         loaded=default_model,
         progress=False,
     )
@@ -26,7 +26,7 @@ def local_group(default_model):
 @pytest.fixture(scope="session")
 def make_engine(local_group, default_model):
     def make(drafter: str = "none", group=None, sink=None, **cfg) -> Engine:
-        config = EngineConfig(drafter=drafter, max_num_seqs=SLOTS, max_seq_len=CONTEXT, row_budget=128, **cfg)
+        config = EngineConfig(drafter=drafter, max_num_seqs=SLOTS, max_model_len=CONTEXT, row_budget=128, **cfg)
         return Engine(group or local_group, default_model.tokenizer, default_model.eos_token_ids, config, sink=sink)
 
     return make
@@ -64,7 +64,7 @@ def truncated_draft_dir(default_model, tmp_path_factory):
 def _draft_model_group(default_model, draft_model: str):
     shard, _ = build_model_shard(
         ShardSpec(
-            num_slots=SLOTS, max_seq_len=CONTEXT, row_budget=128, device="cpu", dtype="float32",
+            num_slots=SLOTS, max_model_len=CONTEXT, row_budget=128, device="cpu", dtype="float32",
             drafter="draft-model", draft_model=draft_model,
         ),
         loaded=default_model,

@@ -48,7 +48,7 @@ def _ctx():
 
 def _seq(params: SamplingParams, eos=(99,)):
     return Sequence(request_id="r", prompt=None, prompt_ids=[1, 2, 3], params=params, seed=0,
-                    eos_ids=frozenset(eos), max_seq_len=100, arrival=0.0)
+                    eos_ids=frozenset(eos), max_model_len=100, arrival=0.0)
 
 
 def test_emit_gives_accepted_drafts_then_the_bonus():

@@ -36,7 +36,7 @@ def test_spec_decode_counters_match_the_outputs_and_time_comes_from_the_clock(ma
     clock = ManualClock(100.0)
     engine = Engine(
         SlowGroup(local_group, clock), default_model.tokenizer, default_model.eos_token_ids,
-        EngineConfig(drafter="ngram", max_num_seqs=20, max_seq_len=512, row_budget=128, adaptive=False), clock=clock,
+        EngineConfig(drafter="ngram", max_num_seqs=20, max_model_len=512, row_budget=128, adaptive=False), clock=clock,
     )
     with caplog.at_level(logging.INFO, logger="tandem.verify"):
         outs = engine.generate([PROMPTS[0], PROMPTS[6]], SamplingParams(max_tokens=24))
@@ -67,7 +67,7 @@ def test_request_latencies_are_histograms_on_the_engine_clock(make_engine, local
     clock = ManualClock(100.0)
     engine = Engine(
         SlowGroup(local_group, clock), default_model.tokenizer, default_model.eos_token_ids,
-        EngineConfig(drafter="none", max_num_seqs=20, max_seq_len=512, row_budget=128), clock=clock,
+        EngineConfig(drafter="none", max_num_seqs=20, max_model_len=512, row_budget=128), clock=clock,
     )
     first = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
     clock.advance(0.5)  # the second waits half a second longer before anything runs

@@ -42,7 +42,7 @@ def test_lookup_equals_the_plain_scan_on_random_histories():
 
 def _seq(prompt: list[int]) -> Sequence:
     return Sequence(request_id="r", prompt=None, prompt_ids=prompt, params=SamplingParams(max_tokens=100), seed=0,
-                    eos_ids=frozenset(), max_seq_len=1000, arrival=0.0)
+                    eos_ids=frozenset(), max_model_len=1000, arrival=0.0)
 
 
 def test_the_history_follows_the_sequence_as_it_grows_and_keeps_to_the_window():

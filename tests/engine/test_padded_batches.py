@@ -12,9 +12,9 @@ from .prompts import prompts
 from .test_losslessness import MAX_TOKENS, run_joining_midway
 
 
-def seq(name: str, drafts: int, *, temperature: float = 0.0, max_seq_len: int = 512) -> Sequence:
+def seq(name: str, drafts: int, *, temperature: float = 0.0, max_model_len: int = 512) -> Sequence:
     s = Sequence(request_id=name, prompt=None, prompt_ids=[1, 2, 3], params=SamplingParams(temperature=temperature),
-                 seed=0, eos_ids=frozenset(), max_seq_len=max_seq_len, arrival=0.0)
+                 seed=0, eos_ids=frozenset(), max_model_len=max_model_len, arrival=0.0)
     s.drafts = [7] * drafts
     return s
 
@@ -30,7 +30,7 @@ def test_without_a_cost_model_all_greedy_counts_share_one_batch():
 
 def test_sampled_and_context_bound_sequences_keep_their_exact_count():
     seqs = [seq("g0", 0), seq("g4", 4), seq("t2", 2, temperature=0.8), seq("t2b", 2, temperature=0.8),
-            seq("full", 1, max_seq_len=10)]
+            seq("full", 1, max_model_len=10)]
     assert plan(seqs) == [["t2", "t2b"], ["full"], ["g4", "g0"]]
 
 
@@ -62,7 +62,7 @@ def test_a_block_drafters_short_rounds_are_padded_to_the_block_within_the_row_bu
     assert all(batching.batch_width(b, 5) == 5 and len(b) * 6 <= 20 for b in batches)
     assert sorted(s.request_id for b in batches for s in b) == sorted(s.request_id for s in seqs)
     assert batching.batch_width([seq("plain", 0)], 5) == 0  # a batch without drafts stays one row
-    assert batching.batch_width([seq("end", 2, max_seq_len=10)], 5) == 2  # no room to pad
+    assert batching.batch_width([seq("end", 2, max_model_len=10)], 5) == 2  # no room to pad
 
 
 def test_padded_rows_repeat_the_last_row():

@@ -2,14 +2,19 @@
 reap takes away."""
 from __future__ import annotations
 
+from tandem.kv import KVBlockManager
 from tandem.sampling_params import SamplingParams
-from tandem.scheduler import Scheduler
+from tandem.scheduler import Scheduler as _Scheduler
 from tandem.sequence import FinishReason, Sequence, Status
 
 
-def seq(rid: str) -> Sequence:
-    return Sequence(request_id=rid, prompt=None, prompt_ids=[1, 2], params=SamplingParams(), seed=0,
-                    eos_ids=frozenset(), max_seq_len=64, arrival=0.0)
+def seq(rid: str, prompt: list[int] | None = None) -> Sequence:
+    return Sequence(request_id=rid, prompt=None, prompt_ids=prompt or [1, 2], params=SamplingParams(), seed=0,
+                    eos_ids=frozenset(), max_model_len=64, arrival=0.0)
+
+
+def Scheduler(num_slots: int, row_budget: int, max_batch: int | None = None, blocks: int = 64, block_size: int = 4):
+    return _Scheduler(num_slots, row_budget, KVBlockManager(blocks, block_size), max_batch=max_batch)
 
 
 def test_admission_is_in_arrival_order_while_slots_last_and_skips_the_aborted():
@@ -57,3 +62,45 @@ def test_reap_takes_the_finished_and_their_slots_go_back():
     b.finish(FinishReason.STOP)
     c.finish(FinishReason.ERROR, error="lost")
     assert s.reap() == [b, c] and not s.has_work and sorted(s.free_slots) == [0, 1]
+
+
+def test_admission_waits_for_blocks_first_come_first_served():
+    s = Scheduler(num_slots=4, row_budget=16, blocks=5, block_size=4)
+    a, b, c = seq("a", list(range(10))), seq("b", list(range(20, 32))), seq("c", [7])
+    for q in (a, b, c):
+        s.add(q)
+    assert s.admit() == [a]  # 3 blocks; b needs 3 of the 2 left, and c waits behind it
+    assert list(s.waiting) == [b, c] and s.kv.num_free() == 2
+    a.finish(FinishReason.STOP)
+    s.reap()
+    assert s.admit() == [b, c] and s.kv.num_free() == 1
+
+
+def test_make_room_preempts_the_newest_running_sequence_and_it_resumes_from_its_tokens():
+    s = Scheduler(num_slots=4, row_budget=16, blocks=4, block_size=4)
+    a, b = seq("a", list(range(7))), seq("b", list(range(10, 17)))
+    for q in (a, b):
+        s.add(q)
+    assert s.admit() == [a, b]  # 2 blocks each: the pool is full
+    a.output_ids, b.output_ids = [50], [60]
+    s.committed(a), s.committed(b)
+    kept = s.make_room([a, b], rows=3)  # a needs positions 7..9: a third block
+    assert kept == [a] and b.status is Status.WAITING and list(s.waiting) == [b]
+    assert s.num_preemptions == 1 and s.preempted_slots == [1] and b.slot is None
+    assert len(s.table(a)) == 3 and s.kv.num_free() == 1
+    a.finish(FinishReason.STOP)
+    s.reap()
+    assert s.admit() == [b] and b.cached_len == 4  # its first block was still cached
+    assert len(s.table(b)) == 2  # prompt + output but the last token: 7 positions
+
+
+def test_committed_gives_back_the_blocks_past_the_kept_rows():
+    s = Scheduler(num_slots=1, row_budget=16, blocks=8, block_size=4)
+    a = seq("a", list(range(6)))
+    s.add(a)
+    s.admit()
+    a.output_ids = [9]
+    assert s.make_room([a], rows=8) == [a] and len(s.table(a)) == 4  # positions up to 13
+    a.output_ids = [9, 10]  # one draft kept: kv_len 7
+    s.committed(a)
+    assert len(s.table(a)) == 2 and s.kv.num_free() == 6

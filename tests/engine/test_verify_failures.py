@@ -45,7 +45,7 @@ def batch(n: int = 2) -> list[Sequence]:
     seqs = []
     for i in range(n):
         s = Sequence(request_id=f"r{i}", prompt=None, prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=20),
-                     seed=0, eos_ids=frozenset(), max_seq_len=100, arrival=0.0, slot=i)
+                     seed=0, eos_ids=frozenset(), max_model_len=100, arrival=0.0, slot=i)
         s.output_ids = [4]
         s.drafts = [5, 6]
         seqs.append(s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from paged_slots import SlotTables
 from tandem.drafters.draft_model import DraftModelDrafter
 from tandem.model.loader import load_model
 from tandem.shard.commands import SamplingSpec
@@ -30,7 +31,8 @@ def _drafter(tiny_model_dir, slots=4, max_seq_len=256):  # the tiny models know 
     """A drafter whose extra last slot already runs a sequence, so prefills are lazy."""
     model = load_model(tiny_model_dir("qwen2"), progress=False).model
     rec = Recording(model)
-    drafter = DraftModelDrafter(rec, model.new_cache(slots + 1, max_seq_len), target_vocab=256)
+    cache = model.new_cache(num_blocks=(slots + 1) * max_seq_len // 16, block_size=16)
+    drafter = DraftModelDrafter(rec, cache, target_vocab=256, max_model_len=max_seq_len)
     drafter.prefill(slots, [1, 2, 3])  # alone: fed at once
     rec.calls.clear()  # its warm-up forward and that prefill
     drafter.catch_up_budget = 10_000  # every sequence catches up at once (one test below caps it)
@@ -39,13 +41,12 @@ def _drafter(tiny_model_dir, slots=4, max_seq_len=256):  # the tiny models know 
 
 def _reference(model, tokens: list[int], g: int) -> list[int]:
     """Greedy drafts from one forward over every token, then single-row steps."""
-    cache = model.new_cache(1, 256)
-    slot = torch.tensor([0])
-    logits = model(torch.tensor([tokens]), slot, torch.tensor([0]), cache).logits[0, -1]
+    cache = SlotTables(model, 1, 256)
+    logits = cache(model, torch.tensor([tokens]), [0], [0]).logits[0, -1]
     out = []
     for i in range(g):
         out.append(int(logits.argmax()))
-        logits = model(torch.tensor([[out[-1]]]), slot, torch.tensor([len(tokens) + i]), cache).logits[0, -1]
+        logits = cache(model, torch.tensor([[out[-1]]]), [0], [len(tokens) + i]).logits[0, -1]
     return out
 
 
@@ -58,7 +59,7 @@ def test_a_long_prompt_catches_up_in_chunks_without_full_vocab_logits(tiny_model
     drafter.chunk = 64
     hist = _history(200, 0)
     drafter.prefill(1, hist[:-1])
-    assert drafter.cache.lengths[1] == 0 and rec.calls == []  # prefill feeds nothing
+    assert drafter.lengths.get(1, 0) == 0 and rec.calls == []  # prefill feeds nothing
     drafts, _ = drafter.propose([1], [hist[:-1]], [hist[-1]], [3], [GREEDY])
     assert drafts == [_reference(rec.inner, hist, 3)]
     assert all(tokens[1] <= 64 for tokens, _ in rec.calls)  # chunks of at most `chunk` rows
@@ -107,13 +108,13 @@ def test_a_wave_over_the_budget_catches_up_a_budget_a_propose_and_drafts_once_it
     drafts, _ = drafter.propose(slots, hists, last, g, greedy)
     # 300 rows > 100: no drafts; the 30, the 60 and 10 rows of the 90 fill the budget, KV only
     assert drafts == [[]] * 4
-    assert drafter.cache.lengths[:4] == [10, 60, 0, 30]
+    assert [drafter.lengths.get(s, 0) for s in range(4)] == [10, 60, 0, 30]
     assert sum(t[0] * t[1] for t, _ in rec.calls) <= 2 * 100 and all(lg[1] == 0 for _, lg in rec.calls)
     # next: still no drafts (not even for the two in step); the rest of the 90 and 20 rows
     # of the 120 fill the budget
     drafts, _ = drafter.propose(slots, hists, last, g, greedy)
     assert drafts == [[]] * 4
-    assert drafter.cache.lengths[:4] == [90, 60, 20, 30]
+    assert [drafter.lengths.get(s, 0) for s in range(4)] == [90, 60, 20, 30]
     # what is left (99 rows of the 120) fits: every sequence drafts, as if it had seen it all
     drafts, _ = drafter.propose(slots, hists, last, g, greedy)
     assert drafts == [_reference(rec.inner, h + [t], 2) for h, t in zip(hists, last)]
@@ -124,9 +125,9 @@ def test_a_sequence_prefilled_alone_is_fed_at_once_and_one_beside_others_lazily(
     drafter.release(4)  # the running one ends
     hist = _history(100, 12)
     drafter.prefill(0, hist)  # alone: fed now, KV only
-    assert drafter.cache.lengths[0] == 100 and all(lg[1] == 0 for _, lg in rec.calls)
+    assert drafter.lengths[0] == 100 and all(lg[1] == 0 for _, lg in rec.calls)
     drafter.prefill(1, hist)  # beside slot 0: lazy
-    assert drafter.cache.lengths[1] == 0
+    assert drafter.lengths.get(1, 0) == 0
     drafts, _ = drafter.propose([0, 1], [hist, hist], [7, 7], [2, 2], [GREEDY] * 2)
     assert drafts == [_reference(rec.inner, hist + [7], 2)] * 2
 

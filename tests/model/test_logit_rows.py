@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from paged_slots import SlotTables
 from tandem.model.loader import load_model
 
 
@@ -11,10 +12,10 @@ def _model(tiny_model_dir, variant="qwen2"):
 
 
 def _run(model, tokens, slots, starts, **kw):
-    cache = model.new_cache(num_slots=4, max_seq_len=64)
+    cache = SlotTables(model, num_slots=4, positions=64)
     for slot, start in zip(slots, starts):  # some context before the rows
-        model(torch.arange(1, start + 1)[None], torch.tensor([slot]), torch.tensor([0]), cache)
-    return model(tokens, torch.tensor(slots), torch.tensor(starts), cache, **kw), cache
+        cache(model, torch.arange(1, start + 1)[None], [slot], [0])
+    return cache(model, tokens, slots, starts, **kw), cache.cache
 
 
 def test_chosen_rows_equal_the_full_heads_rows(tiny_model_dir):

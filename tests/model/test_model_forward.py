@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tiny_models import TINY_VARIANTS
-from tandem.model.kv_cache import KVCache
+from paged_slots import SlotTables
 from tandem.model.loader import load_model
 
 REL_TOL = 1e-5
@@ -29,14 +29,14 @@ def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert diff <= REL_TOL * scale, f"{what}: max diff {diff:.3g} > {REL_TOL} * logit scale {scale:.3g}"
 
 
-def forward(model, cache, rows: list[torch.Tensor], slots: list[int], starts: list[int], attn_len=None):
-    return model(torch.stack(rows), torch.tensor(slots), torch.tensor(starts), cache, attn_len=attn_len)
+def forward(model, cache: SlotTables, rows: list[torch.Tensor], slots: list[int], starts: list[int]):
+    return cache(model, torch.stack(rows), slots, starts)
 
 
 def check_against_reference(model, hf_model, a: torch.Tensor, b: torch.Tensor) -> None:
     """Prompts a, b: [T] with (T - prefix) % K == 0 for both prefixes used below."""
     ref_a, ref_b = hf_logits(hf_model, a), hf_logits(hf_model, b)
-    cache = model.new_cache(num_slots=4, max_seq_len=64)
+    cache = SlotTables(model, num_slots=4, positions=64)
 
     # Whole prompt in one forward.
     assert_close(forward(model, cache, [a], [1], [0]).logits[0], ref_a, "prefill")
@@ -96,7 +96,7 @@ def test_smollm2_logits_match_transformers_for_prefill_chunked_decode_and_batche
 def test_captured_layer_i_is_the_output_of_decoder_layer_i(smollm2, smollm2_hf):
     a, _ = smollm2_prompts(smollm2.tokenizer)
     model, last = smollm2.model, smollm2.config.num_layers - 1
-    out = model(a[None], torch.tensor([0]), torch.tensor([0]), model.new_cache(1, 32), capture_layers=(0, 5, last))
+    out = SlotTables(model, 1, 32)(model, a[None], [0], [0], capture_layers=(0, 5, last))
     with torch.no_grad():
         hf_hidden = smollm2_hf(a[None], output_hidden_states=True).hidden_states
     assert sorted(out.hidden) == [0, 5, last]
@@ -107,69 +107,34 @@ def test_captured_layer_i_is_the_output_of_decoder_layer_i(smollm2, smollm2_hf):
     assert_close(model.final_norm_and_head(out.hidden[last]), out.logits, "head of the last hidden")
 
 
-def test_rewinding_the_kv_length_and_writing_other_rows_equals_a_fresh_run(tiny_model_dir):
+def test_rows_written_over_rejected_ones_equal_a_fresh_run(tiny_model_dir):
     model = load_model(tiny_model_dir("qwen2"), progress=False).model
     prompt, rejected, accepted = torch.arange(10, 22), torch.tensor([[7, 8, 9]]), torch.tensor([[40, 41, 42]])
-    slot, start = torch.tensor([1]), torch.tensor([len(prompt)])
-
-    cache = model.new_cache(num_slots=2, max_seq_len=32)
-    model(prompt[None], slot, torch.tensor([0]), cache)
-    cache.set_length(1, len(prompt) + 3)
-    model(rejected, slot, start, cache)  # K/V of rows that will be rejected
-    cache.set_length(1, len(prompt))  # rewind: only the bookkeeping moves
-    rewound = model(accepted, slot, start, cache).logits
-
-    fresh_cache = model.new_cache(num_slots=2, max_seq_len=32)
-    model(prompt[None], slot, torch.tensor([0]), fresh_cache)
-    fresh = model(accepted, slot, start, fresh_cache).logits
+    cache = SlotTables(model, 2, 32)
+    cache(model, prompt[None], [1], [0])
+    cache(model, rejected, [1], [len(prompt)])  # K/V of rows that will be rejected
+    rewound = cache(model, accepted, [1], [len(prompt)]).logits  # the same positions again
+    fresh_cache = SlotTables(model, 2, 32, seed=1)
+    fresh_cache(model, prompt[None], [1], [0])
+    fresh = fresh_cache(model, accepted, [1], [len(prompt)]).logits
     assert torch.equal(rewound, fresh)
 
 
-def test_a_larger_attn_len_bucket_gives_the_same_logits(tiny_model_dir):
+def test_wider_block_tables_padded_with_unused_blocks_give_the_same_logits(tiny_model_dir):
     model = load_model(tiny_model_dir("llama"), progress=False).model
     a, b = tiny_pair()
-    logits = {}
-    for attn_len in (None, 24, 64):
-        cache = model.new_cache(num_slots=2, max_seq_len=64)
-        model(a[None, :10], torch.tensor([0]), torch.tensor([0]), cache)
-        model(b[None, :6], torch.tensor([1]), torch.tensor([0]), cache)
-        out = model(torch.stack([a[10:13], b[6:9]]), torch.tensor([0, 1]), torch.tensor([10, 6]), cache, attn_len=attn_len)
-        logits[attn_len] = out.logits
-    assert_close(logits[24], logits[None], "attn_len 24")
-    assert_close(logits[64], logits[None], "attn_len 64")
+    cache = SlotTables(model, 2, 64)
+    cache(model, a[None, :10], [0], [0])
+    cache(model, b[None, :6], [1], [0])
+    rows, starts = torch.stack([a[10:13], b[6:9]]), torch.tensor([10, 6], dtype=torch.int32)
+    narrow = model(rows, starts, cache.cache, cache.tables[:, :4]).logits  # 16 positions: all they reach
+    cache(model, a[None, :10], [0], [0])
+    cache(model, b[None, :6], [1], [0])
+    wide = model(rows, starts, cache.cache, cache.tables).logits
+    assert_close(wide, narrow, "a wider table")
 
 
-def test_forward_refuses_an_attn_len_beyond_the_cache_or_a_missing_layer(tiny_model_dir):
+def test_forward_refuses_a_missing_layer(tiny_model_dir):
     model = load_model(tiny_model_dir("llama"), progress=False).model
-    cache = model.new_cache(num_slots=1, max_seq_len=8)
-    tokens, slot, start = torch.tensor([[1, 2, 3]]), torch.tensor([0]), torch.tensor([0])
-    with pytest.raises(ValueError, match="attn_len 9"):
-        model(tokens, slot, start, cache, attn_len=9)
     with pytest.raises(ValueError, match="capture_layers"):
-        model(tokens, slot, start, cache, capture_layers=(2,))
-
-
-def test_bf16_forward_returns_float32_logits_near_the_float32_ones(tiny_model_dir):
-    folder = tiny_model_dir("qwen2")
-    a, _ = tiny_pair()
-    logits = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        model = load_model(folder, dtype=dtype, progress=False).model
-        cache = model.new_cache(num_slots=1, max_seq_len=32)
-        assert cache.k[0].dtype == dtype
-        logits[dtype] = model(a[None], torch.tensor([0]), torch.tensor([0]), cache).logits
-    assert logits[torch.bfloat16].dtype == torch.float32
-    scale = logits[torch.float32].abs().max()
-    assert (logits[torch.bfloat16] - logits[torch.float32]).abs().max() < 0.05 * scale
-
-
-def test_kv_cache_lengths_are_validated_bookkeeping():
-    cache = KVCache(num_layers=2, num_slots=3, max_seq_len=16, num_kv_heads=2, head_dim=8)
-    assert cache.k[1].shape == (3, 2, 16, 8) and cache.lengths == [0, 0, 0]
-    cache.set_length(2, 16)
-    cache.reset(2)
-    assert cache.lengths == [0, 0, 0]
-    with pytest.raises(ValueError, match="length 17"):
-        cache.set_length(0, 17)
-    with pytest.raises(ValueError, match="slot 3"):
-        cache.set_length(3, 1)
+        SlotTables(model, 1, 8)(model, torch.tensor([[1, 2, 3]]), [0], [0], capture_layers=(2,))

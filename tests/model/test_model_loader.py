@@ -38,7 +38,7 @@ def sha256_of(path) -> str:
 
 def logits_of(model) -> torch.Tensor:
     tokens = torch.arange(3, 13)[None]
-    return model(tokens, torch.tensor([0]), torch.tensor([0]), model.new_cache(1, 16)).logits
+    return model(tokens, torch.tensor([0]), model.new_cache(4), torch.arange(4, dtype=torch.int32)[None]).logits
 
 
 def test_a_gguf_is_dequantized_once_and_reloads_identically_from_the_cache(tiny_gguf, cache_dir, monkeypatch):

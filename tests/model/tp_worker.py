@@ -8,6 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from paged_slots import SlotTables
 from tandem.model.loader import load_model
 from tandem.model.tensor_parallel import kv_heads_for_rank, shard_model
 
@@ -16,12 +17,11 @@ def run_script(model) -> torch.Tensor:
     """A fixed mix of prefills and batched K=3 steps in two slots; all logits, flattened to [rows, vocab]."""
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randint(model.config.vocab_size, (n,), generator=generator) for n in (17, 12))
-    cache = model.new_cache(num_slots=3, max_seq_len=32)
-    logits = [model(a[None, :11], torch.tensor([0]), torch.tensor([0]), cache).logits[0],
-              model(b[None, :6], torch.tensor([2]), torch.tensor([0]), cache).logits[0]]
+    cache = SlotTables(model, num_slots=3, positions=32)
+    logits = [cache(model, a[None, :11], [0], [0]).logits[0], cache(model, b[None, :6], [2], [0]).logits[0]]
     for step in range(2):
         sa, sb = 11 + 3 * step, 6 + 3 * step
-        out = model(torch.stack([a[sa:sa + 3], b[sb:sb + 3]]), torch.tensor([0, 2]), torch.tensor([sa, sb]), cache)
+        out = cache(model, torch.stack([a[sa:sa + 3], b[sb:sb + 3]]), [0, 2], [sa, sb])
         logits.append(out.logits.flatten(0, 1))
     return torch.cat(logits)
 
@@ -33,7 +33,7 @@ def worker(rank: int, world_size: int, port: int, folders: dict[str, str], out_d
     try:
         for name, folder in folders.items():
             model = shard_model(load_model(folder, progress=False).model, rank, world_size)
-            cache_heads = model.new_cache(num_slots=1, max_seq_len=1).k[0].shape[1]
+            cache_heads = model.new_cache(num_blocks=1).k[0].shape[1]
             assert cache_heads == len(kv_heads_for_rank(model.config.num_kv_heads, rank, world_size))
             torch.save(run_script(model), os.path.join(out_dir, f"{name}-rank{rank}.pt"))
     finally:

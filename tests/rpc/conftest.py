@@ -80,7 +80,7 @@ def group(tiny_model_dir, request):
     from tandem.rpc.grpc_group import GrpcShardGroup
     from tandem.shard.factory import ShardSpec
 
-    g = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=GROUP_SLOTS, max_seq_len=32, row_budget=GROUP_BUDGET),
+    g = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=GROUP_SLOTS, max_model_len=32, row_budget=GROUP_BUDGET),
                        InProcessLauncher(), deadline_s=10, session_socket=request.param == "socket")
     assert g.session_transports == [request.param]
     yield g

@@ -2,9 +2,12 @@
 committed stubs are what protoc makes of the proto."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tandem.drafters.factory import RankDrafterInfo
+from tandem.errors import ShapeError
 from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
@@ -34,18 +37,28 @@ def through_the_wire(msg):
     "value, encode, decode",
     [
         (ShardSpec(), codec.encode_spec, codec.decode_spec),
-        (ShardSpec(model="some/model", dtype="bfloat16", device="cuda:1", num_slots=3, max_seq_len=99, row_budget=17,
+        (ShardSpec(model="some/model", dtype="bfloat16", device="cuda:1", num_slots=3, max_model_len=99, row_budget=17,
                    drafter="draft-model", draft_model="smollm2", num_speculative_tokens=6), codec.encode_spec, codec.decode_spec),
         (ShardSpec(drafter="dflash", dflash_checkpoint="/ckpt/dflash-smollm2", num_speculative_tokens=7),
          codec.encode_spec, codec.decode_spec),
+        (ShardSpec(max_model_len=None, block_size=32, kv_cache_memory_gb=0.1, gpu_memory_utilization=0.85),
+         codec.encode_spec, codec.decode_spec),
+        (ShardSpec(max_model_len=4096, block_size=1, kv_cache_memory_gb=24.0, gpu_memory_utilization=0.5),
+         codec.encode_spec, codec.decode_spec),
         (RankDrafterInfo("dflash", "/ckpt/dflash-smollm2", 7), codec.encode_drafter_info, codec.decode_drafter_info),
         (RankDrafterInfo(), codec.encode_drafter_info, codec.decode_drafter_info),
-        (ShardLimits(num_slots=8, max_seq_len=256, row_budget=64, vocab_size=49152, world_size=2, drafter="dflash",
-                     propose_batch_max=16), codec.encode_limits, codec.decode_limits),
-        ([PrefillItem(3, [1, 2, 3]), PrefillItem(0, [49151], SAMPLED)], codec.encode_prefill, codec.decode_prefill),
+        (ShardLimits(num_slots=8, max_model_len=256, row_budget=64, vocab_size=49152, world_size=2, drafter="dflash",
+                     propose_batch_max=16, num_blocks=(1 << 20) + 3, block_size=32), codec.encode_limits, codec.decode_limits),
+        ([PrefillItem(3, [1, 2, 3], blocks=[7]), PrefillItem(0, [49151], SAMPLED, blocks=[0])],
+         codec.encode_prefill, codec.decode_prefill),
+        ([PrefillItem(1, list(range(40)), blocks=[9, 2, (1 << 20) + 1], cached_len=32), PrefillItem(2, [5, 6], blocks=[4, 3])],
+         codec.encode_prefill, codec.decode_prefill),
         (PrefillResult(next_tokens=[5, 0, 49151]), codec.encode_prefill_result, codec.decode_prefill_result),
         (VerifyBatch(batch_id=(1 << 40) + 7, n=2, k=3, slots=[4, 1], start_pos=[10, 0], tokens=[1, 2, 3, 4, 5, 6],
-                     sampling=[GREEDY, SAMPLED]), codec.encode_verify, codec.decode_verify),
+                     sampling=[GREEDY, SAMPLED], block_tables=[[8], [3]]), codec.encode_verify, codec.decode_verify),
+        (VerifyBatch(batch_id=2, n=3, k=2, slots=[0, 2, 1], start_pos=[40, 14, 0], tokens=[1, 2, 3, 4, 5, 6],
+                     sampling=[GREEDY] * 3, block_tables=[[5, 1, 9], [2, 0], [(1 << 20) + 2]]),
+         codec.encode_verify, codec.decode_verify),
         (VerifyResult(batch_id=9, picks=[7, 8, 9, 10], accept_probs=[1.0, 0.0, 0.5, 0.25]),
          codec.encode_verify_result, codec.decode_verify_result),
         (Verdict(batch_id=9, words=[1, 4, 2]), codec.encode_verdict, codec.decode_verdict),
@@ -79,17 +92,42 @@ def test_token_lists_are_packed_so_a_verify_of_8_by_5_stays_small():
     cmd = VerifyBatch(batch_id=123456, n=8, k=5, slots=list(range(8)), start_pos=[500] * 8,
                       tokens=[49000 + i for i in range(40)], sampling=[SamplingSpec(seed=(1 << 62) + i) for i in range(8)])
     assert len(codec.encode_verify(cmd).SerializeToString()) < 260
+    # the block tables are packed too: 8 tables of 32 blocks each add about 2 bytes a block
+    tables = [list(range(s * 32, s * 32 + 32)) for s in range(8)]
+    assert len(codec.encode_verify(replace(cmd, block_tables=tables)).SerializeToString()) < 260 + 2 * 256 + 16
     res = VerifyResult(batch_id=123456, picks=[49000] * 40, accept_probs=[1.0] * 40)
     assert len(codec.encode_verify_result(res).SerializeToString()) < 300
 
 
 def test_an_all_greedy_verify_sends_no_sampling_specs_and_reads_back_as_n_greedy_ones():
-    greedy = VerifyBatch(batch_id=1, n=3, k=2, slots=[0, 1, 2], start_pos=[4, 4, 4], tokens=[1] * 6, sampling=[GREEDY] * 3)
+    greedy = VerifyBatch(batch_id=1, n=3, k=2, slots=[0, 1, 2], start_pos=[4, 4, 4], tokens=[1] * 6, sampling=[GREEDY] * 3,
+                         block_tables=[[0], [1], [2]])
     msg = through_the_wire(codec.encode_verify(greedy))
     assert len(msg.sampling) == 0
     assert codec.decode_verify(msg) == greedy
-    mixed = VerifyBatch(batch_id=1, n=2, k=1, slots=[0, 1], start_pos=[4, 4], tokens=[1, 2], sampling=[GREEDY, SAMPLED])
+    mixed = VerifyBatch(batch_id=1, n=2, k=1, slots=[0, 1], start_pos=[4, 4], tokens=[1, 2], sampling=[GREEDY, SAMPLED],
+                        block_tables=[[0], [1]])
     assert len(through_the_wire(codec.encode_verify(mixed)).sampling) == 2
+
+
+def test_verify_block_tables_keep_their_order_and_counts_that_do_not_cover_the_blocks_are_refused():
+    cmd = VerifyBatch(batch_id=3, n=2, k=1, slots=[0, 1], start_pos=[20, 3], tokens=[1, 2], sampling=[GREEDY] * 2,
+                      block_tables=[[6, 2], [4]])
+    msg = through_the_wire(codec.encode_verify(cmd))
+    assert (list(msg.blocks), list(msg.block_counts)) == ([6, 2, 4], [2, 1])
+    for blocks, counts in [([6, 2, 4], [2, 2]), ([6, 2, 4], [2]), ([6, 2], [3, -1])]:
+        del msg.blocks[:], msg.block_counts[:]
+        msg.blocks.extend(blocks)
+        msg.block_counts.extend(counts)
+        with pytest.raises(ShapeError) as info:
+            codec.decode_verify(msg)
+        assert info.value.rule == "verify block tables", (blocks, counts)
+
+
+def test_a_prefix_cache_hit_travels_as_its_cached_length_and_none_as_zero():
+    msg = through_the_wire(codec.encode_prefill([PrefillItem(0, [1] * 20, blocks=[3, 4], cached_len=16),
+                                                 PrefillItem(1, [2] * 5, blocks=[5])]))
+    assert [(list(it.blocks), it.cached_len) for it in msg.items] == [([3, 4], 16), ([5], 0)]
 
 
 def test_a_propose_result_whose_counts_do_not_cover_its_tokens_is_refused():
@@ -106,4 +144,9 @@ def test_the_committed_stubs_are_what_the_proto_generates():
 
 def test_an_unset_checkpoint_stays_unset_and_an_old_reply_reads_as_no_drafter():
     assert not codec.encode_spec(ShardSpec(drafter="dflash")).HasField("dflash_checkpoint")
+    # an unset context and KV budget stay unset: the rank works them out from the model and its memory
+    unset = through_the_wire(codec.encode_spec(ShardSpec(max_model_len=None, kv_cache_memory_gb=None)))
+    assert not unset.HasField("max_model_len") and not unset.HasField("kv_cache_memory_gb")
+    back = codec.decode_spec(unset)
+    assert back.max_model_len is None and back.kv_cache_memory_gb is None
     assert codec.decode_drafter_info(pb.InitReply().drafter) == RankDrafterInfo()

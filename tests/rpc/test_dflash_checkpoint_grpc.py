@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from slot_blocks import prefill_item
 from tandem.config import EngineConfig
 from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint
 from tandem.drafters.factory import RankDrafterInfo, rank_drafter_info
@@ -15,7 +16,7 @@ from tandem.engine import Engine
 from tandem.rpc.grpc_group import GrpcShardGroup
 from tandem.rpc.launcher import ProcessLauncher
 from tandem.sampling_params import SamplingParams
-from tandem.shard.commands import GREEDY, PrefillItem, ProposeBatch
+from tandem.shard.commands import GREEDY, ProposeBatch
 from tandem.shard.factory import ShardSpec, build_model_shard
 from tandem.shard.local_group import LocalShardGroup
 
@@ -33,14 +34,14 @@ def write_checkpoint(folder, seed: int) -> str:
 
 
 def engine_config(model_dir: str, checkpoint: str, **over) -> EngineConfig:
-    fields = dict(model=model_dir, drafter="dflash", dflash_checkpoint=checkpoint, max_num_seqs=4, max_seq_len=64,
+    fields = dict(model=model_dir, drafter="dflash", dflash_checkpoint=checkpoint, max_num_seqs=4, max_model_len=64,
                   row_budget=32, device="cpu", dtype="float32", adaptive=False)
     return EngineConfig(**{**fields, **over})
 
 
 def drafts_of(group) -> list[list[int]]:
     """Greedy drafts of every prompt after its prefill."""
-    items = [PrefillItem(slot, p) for slot, p in enumerate(PROMPTS)]
+    items = [prefill_item(slot, p) for slot, p in enumerate(PROMPTS)]
     last = group.prefill(items).next_tokens
     cmd = ProposeBatch(slots=list(range(len(PROMPTS))), last_tokens=last, positions=[len(p) for p in PROMPTS],
                        num_drafts=[BLOCK - 1] * len(PROMPTS), sampling=[GREEDY] * len(PROMPTS))

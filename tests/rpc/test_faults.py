@@ -35,7 +35,7 @@ F = pb.FaultRequest
 @pytest.fixture(scope="module", params=["socket", "grpc"])
 def engine(default_model, request):
     """The ranks' Session streams over their session sockets (this host's default), or over gRPC."""
-    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128, row_budget=64)
+    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_model_len=128, row_budget=64)
     group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(2, fault_injection=True), deadline_s=DEADLINE_S,
                            collective_timeout_s=COLLECTIVE_S, failed_verdict_deadline_s=VERDICT_S,
                            session_socket=request.param == "socket")

@@ -43,11 +43,11 @@ def prompts(count: int) -> list[list[int]]:
                          ids=["socket", "socket-polling", "grpc"])
 def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_model_dir, in_process_launcher, batch, carrier,
                                                                       spin_us):
-    config = EngineConfig(model=tiny_model_dir, device="cuda", drafter="ngram", max_num_seqs=8, max_seq_len=96,
+    config = EngineConfig(model=tiny_model_dir, device="cuda", drafter="ngram", max_num_seqs=8, max_model_len=96,
                           row_budget=64, num_speculative_tokens=4, adaptive=False)
     params = SamplingParams(max_tokens=40)
     plain = EngineConfig(model=tiny_model_dir, device="cuda", drafter="none", num_speculative_tokens=0,
-                         max_num_seqs=8, max_seq_len=96, row_budget=64)
+                         max_num_seqs=8, max_model_len=96, row_budget=64)
     shard, _ = build_model_shard(plain.shard_spec(), progress=False)
     reference = Engine(LocalShardGroup(shard), IdsTokenizer(), (), plain).generate(prompts(batch), params)
     group = GrpcShardGroup(config.shard_spec(), in_process_launcher, deadline_s=30, session_socket=carrier == "socket",

@@ -57,7 +57,7 @@ def by_request(timeline: list) -> dict[str, list]:
 
 @pytest.mark.timeout(300)
 def test_held_outputs_leave_inside_the_next_tick_in_order_with_the_embedded_text(default_model, in_process_launcher):
-    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
+    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_model_len=128)
     params = [SamplingParams(max_tokens=n) for n in (24, 9, 16)]
     reference = Engine.from_config(config, progress=False).generate(PROMPTS, params)
     engines, ids = [], []
@@ -85,7 +85,7 @@ def test_held_outputs_leave_inside_the_next_tick_in_order_with_the_embedded_text
 @pytest.mark.timeout(300)
 def test_the_held_tokens_of_a_verdict_a_lost_rank_never_took_never_leave(default_model, in_process_launcher):
     # one row a batch: each sequence is its own batch, verified in admission order
-    config = EngineConfig(drafter="none", num_speculative_tokens=0, row_budget=1, max_num_seqs=4, max_seq_len=128)
+    config = EngineConfig(drafter="none", num_speculative_tokens=0, row_budget=1, max_num_seqs=4, max_model_len=128)
     params = SamplingParams(max_tokens=12)
     reference = Engine.from_config(config, progress=False).generate([PROMPTS[0]], params)[0]
     timeline = []
@@ -126,7 +126,7 @@ def test_the_held_tokens_of_a_verdict_a_lost_rank_never_took_never_leave(default
 
 @pytest.mark.timeout(300)
 def test_an_emit_that_raises_does_not_put_the_streams_out_of_step(default_model, in_process_launcher):
-    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
+    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_model_len=128)
     params = SamplingParams(max_tokens=10)
     reference = Engine.from_config(config, progress=False).generate([PROMPTS[0]], params)[0]
     seen = []
@@ -153,7 +153,7 @@ def test_held_outputs_are_built_while_the_next_command_runs_and_keep_stop_string
         default_model, in_process_launcher, monkeypatch):
     import tandem.output_tracker as tracker_module
 
-    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_seq_len=128)
+    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_model_len=128)
     plain = [SamplingParams(max_tokens=n) for n in (24, 20, 16)]
     reference = Engine.from_config(config, progress=False).generate(PROMPTS, plain)
     stop = reference[0].text[len(reference[0].text) // 2:][:6]  # cut the first request half way

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pytest
 
+from slot_blocks import prefill_item
 from test_shard_server import batch
 from tandem.errors import ShardError
-from tandem.shard.commands import PrefillItem, Verdict
+from tandem.shard.commands import Verdict
 
 
 @pytest.mark.timeout(120)
 def test_a_verdict_is_sent_without_waiting_and_settled_before_its_effect_is_relied_on(group):
-    group.prefill([PrefillItem(0, [1, 2, 3]), PrefillItem(1, [4, 5, 6])])
+    group.prefill([prefill_item(0, [1, 2, 3]), prefill_item(1, [4, 5, 6])])
     group.verify(batch())
     group.commit(Verdict(1, [2, 1]))
     assert len(group._riders) == 1 and group.owes_acknowledgements(), "the verdict waits for a command to ride on"
@@ -26,18 +27,18 @@ def test_a_verdict_is_sent_without_waiting_and_settled_before_its_effect_is_reli
 
 @pytest.mark.timeout(120)
 def test_a_release_is_acknowledged_with_the_next_command_and_a_refused_one_harms_nothing(group):
-    group.prefill([PrefillItem(0, [1, 2, 3])])
+    group.prefill([prefill_item(0, [1, 2, 3])])
     group.release([0])
     group.release([99])  # a slot no rank has: every rank refuses it, nothing changed anywhere
     assert len(group._riders) == 2
-    assert group.prefill([PrefillItem(0, [7, 8])]).next_tokens  # they ride on it; it reads both replies first
+    assert group.prefill([prefill_item(0, [7, 8])]).next_tokens  # they ride on it; it reads both replies first
     assert group._owed == group._riders == [] and group.healthy()
     assert group.settle() == []
 
 
 @pytest.mark.timeout(120)
 def test_a_verdict_a_lost_rank_never_took_is_named_by_settle_and_the_next_command_did_not_run(group):
-    group.prefill([PrefillItem(0, [1, 2, 3]), PrefillItem(1, [4, 5, 6])])
+    group.prefill([prefill_item(0, [1, 2, 3]), prefill_item(1, [4, 5, 6])])
     group.verify(batch())
     group.launcher.servers[0].stop(grace=None)  # the rank dies after its forward
     group.commit(Verdict(1, [2, 1]))  # returns: the acknowledgement is owed
@@ -47,4 +48,4 @@ def test_a_verdict_a_lost_rank_never_took_is_named_by_settle_and_the_next_comman
     assert "lost before it" in str(info.value) and "verdict of batch 1 not acknowledged" in str(info.value)
     assert group.settle() == [1] and not group.healthy()
     group.restart()
-    assert group.healthy() and group.prefill([PrefillItem(0, [1, 2])]).next_tokens
+    assert group.healthy() and group.prefill([prefill_item(0, [1, 2])]).next_tokens

@@ -7,9 +7,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from test_shard_server import batch, init, verify_msg
+from slot_blocks import prefill_item
+from test_shard_server import batch, init, prefill_msg, verify_msg
 from tandem.rpc.generated import shard_pb2 as pb
-from tandem.shard.commands import PrefillItem, Verdict
+from tandem.shard.commands import Verdict
 from tandem.shard.model_shard import ModelShard
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -27,8 +28,7 @@ def test_riders_run_first_in_order_each_with_its_reply_and_a_bad_one_harms_nothi
     bad_rider = pb.Command(timeout_s=10, commit=pb.Verdict(batch_id=77, words=[1]))  # nothing pending as 77
     nested = pb.Command(timeout_s=10, release=pb.ReleaseRequest(slots=[2]), before=[release])
     commands = [
-        pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[pb.PrefillItem(slot=0, tokens=[1, 2, 3]),
-                                                                  pb.PrefillItem(slot=1, tokens=[4, 5, 6])])),
+        pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[prefill_msg(0, [1, 2, 3]), prefill_msg(1, [4, 5, 6])])),
         pb.Command(timeout_s=10, verify=verify_msg()),
         # the verdict must be applied before this verify: it starts where the verdict left slot 0
         pb.Command(timeout_s=10, verify=verify_msg(batch_id=2, start_pos=[5]), before=[commit, release]),
@@ -50,7 +50,7 @@ def test_riders_run_first_in_order_each_with_its_reply_and_a_bad_one_harms_nothi
 
 @pytest.mark.timeout(120)
 def test_the_group_sends_a_verdict_with_the_next_verify_in_one_message(group, monkeypatch):
-    group.prefill([PrefillItem(0, [1, 2, 3]), PrefillItem(1, [4, 5, 6])])
+    group.prefill([prefill_item(0, [1, 2, 3]), prefill_item(1, [4, 5, 6])])
     group.verify(batch())
     session = group._sessions[0]
     sent = []

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from conftest import InProcessLauncher
-from test_shard_server import init, verify_msg
+from test_shard_server import init, prefill_msg, verify_msg
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.server import start_shard_server
@@ -22,8 +22,7 @@ from tandem.rpc.session import StreamBroken
 from tandem.rpc.session_socket import FrameReader, SocketSession, write_frame
 
 COMMANDS = [
-    pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[pb.PrefillItem(slot=0, tokens=[1, 2, 3]),
-                                                              pb.PrefillItem(slot=1, tokens=[4, 5, 6])])),
+    pb.Command(timeout_s=10, prefill=pb.PrefillRequest(items=[prefill_msg(0, [1, 2, 3]), prefill_msg(1, [4, 5, 6])])),
     pb.Command(timeout_s=10, verify=verify_msg()),
     pb.Command(timeout_s=10, verify=verify_msg(batch_id=2, start_pos=[5]),
                before=[pb.Command(timeout_s=10, commit=pb.Verdict(batch_id=1, words=[2]))]),
@@ -162,14 +161,15 @@ class _SocketGoneLauncher(InProcessLauncher):
 @pytest.mark.timeout(120)
 def test_a_group_that_cannot_reach_the_socket_uses_grpc(tiny_model_dir):
     from tandem.rpc.grpc_group import GrpcShardGroup
-    from tandem.shard.commands import PrefillItem
+    from slot_blocks import prefill_item
+
     from tandem.shard.factory import ShardSpec
 
-    group = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=2, max_seq_len=32, row_budget=8),
+    group = GrpcShardGroup(ShardSpec(model=tiny_model_dir, num_slots=2, max_model_len=32, row_budget=8),
                            _SocketGoneLauncher(), deadline_s=10)
     try:
         assert group.session_transports == ["grpc"]
-        assert group.prefill([PrefillItem(0, [1, 2, 3])]).next_tokens
+        assert group.prefill([prefill_item(0, [1, 2, 3])]).next_tokens
     finally:
         group.close()
 

@@ -36,7 +36,7 @@ CASES = [("ngram", 1), ("ngram", 8), ("draft-model", 1), ("draft-model", 8)]
 
 def config(drafter: str) -> EngineConfig:
     # adaptive=False: a fixed gamma, so both groups see the same batches whatever their speed
-    return EngineConfig(drafter=drafter, draft_model="smollm2", max_num_seqs=8, max_seq_len=128, row_budget=64,
+    return EngineConfig(drafter=drafter, draft_model="smollm2", max_num_seqs=8, max_model_len=128, row_budget=64,
                         num_speculative_tokens=4, adaptive=False)
 
 

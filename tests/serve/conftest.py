@@ -36,7 +36,7 @@ def server(ray_cluster) -> Server:
         "model": "smollm2",
         "drafter": "ngram",
         "max_num_seqs": 8,
-        "max_seq_len": 512,
+        "max_model_len": 4608,  # a 4,000-token prompt fits (tests/serve/test_long_context.py)
         "max_tokens_limit": MAX_TOKENS_LIMIT,
         "rpc_deadline_s": 10.0,
         "engine_actor_name": APP_ENGINE_NAME,

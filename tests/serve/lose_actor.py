@@ -39,7 +39,7 @@ def serve_app(replicas: int) -> int:
     use_direct_http(port, replicas)
     init_local_ray(log_to_driver=False)
     start_serve("127.0.0.1", port)
-    serve.run(build_app({"max_num_seqs": 4, "max_seq_len": 256, "engine_actor_name": "lose-me",
+    serve.run(build_app({"max_num_seqs": 4, "max_model_len": 256, "engine_actor_name": "lose-me",
                          "ingress_replicas": replicas}), name="tandem", route_prefix="/", blocking=False)
     return port
 

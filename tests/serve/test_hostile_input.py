@@ -117,8 +117,8 @@ def test_oversized_stop_lists_and_strings_are_a_400(server, stop, says):
 
 
 def test_a_prompt_over_the_context_is_a_400(server):
-    assert_error(post(server, "completions", body(prompt="hello " * 2000)), 400, "prompt", None, "max_seq_len")
-    assert_error(post(server, "completions", body(prompt=[1] * 600)), 400, "prompt", None, "max_seq_len")
+    assert_error(post(server, "completions", body(prompt="hello " * 5000)), 400, "prompt", None, "max_model_len")
+    assert_error(post(server, "completions", body(prompt=[1] * 4700)), 400, "prompt", None, "max_model_len")
 
 
 def test_a_prompt_text_over_the_character_limit_never_reaches_the_tokenizer(server):

@@ -15,7 +15,7 @@ from .limits_app import serve_with_limits
 
 
 def _limits(**fields) -> ServeLimits:
-    return ServeLimits.from_args(TandemServeArgs(max_seq_len=512, max_num_seqs=1, **fields))
+    return ServeLimits.from_args(TandemServeArgs(max_model_len=512, max_num_seqs=1, **fields))
 
 
 def _ok(v1: str) -> None:
@@ -24,7 +24,7 @@ def _ok(v1: str) -> None:
 
 
 def test_from_args_counts_the_engine_slots_and_the_waiting_bound():
-    limits = ServeLimits.from_args(TandemServeArgs(max_num_seqs=8, max_waiting_requests=3, max_seq_len=100))
+    limits = ServeLimits.from_args(TandemServeArgs(max_num_seqs=8, max_waiting_requests=3, max_model_len=100))
     assert limits.max_in_flight == 11 and limits.max_prompt_chars == 3200
     default = ServeLimits.from_args(TandemServeArgs())
     assert (default.max_body_bytes, default.max_stop_strings, default.max_tokens_limit) == (8 << 20, 4, 1024)

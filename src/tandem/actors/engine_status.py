@@ -8,7 +8,7 @@ def served_model(engine, model_name: str) -> dict:
     lim = engine.group.limits
     return {
         "model": model_name,
-        "max_seq_len": lim.max_seq_len,
+        "max_model_len": lim.max_model_len,
         "vocab_size": lim.vocab_size,
         "tensor_parallel_size": lim.world_size,
         "has_chat_template": bool(getattr(engine.tokenizer, "chat_template", None)),
@@ -27,6 +27,7 @@ def health(engine, restarts: int, ticks: int, step_seconds: float) -> dict:
         "step_seconds": step_seconds,
         # each rank's command stream: "socket" (same node), "grpc", or none in process
         "shard_sessions": list(getattr(engine.group, "session_transports", [])),
+        "kv_cache": engine.scheduler.kv_summary(),
     }
 
 
@@ -35,12 +36,6 @@ def metrics(engine, restarts: int, ticks: int, step_seconds: float) -> bytes:
     from prometheus_client import generate_latest
 
     lines = [
-        "# HELP tandem:num_requests_running Sequences holding a KV slot.",
-        "# TYPE tandem:num_requests_running gauge",
-        f"tandem:num_requests_running {len(engine.scheduler.running)}",
-        "# HELP tandem:num_requests_waiting Sequences waiting for a KV slot.",
-        "# TYPE tandem:num_requests_waiting gauge",
-        f"tandem:num_requests_waiting {len(engine.scheduler.waiting)}",
         "# HELP tandem:shard_group_restarts Restarts of the shard group after a lost rank.",
         "# TYPE tandem:shard_group_restarts counter",
         f"tandem:shard_group_restarts_total {restarts}",

@@ -48,7 +48,7 @@ def start(
     """Start a SchedulerActor (and through it `tensor_parallel` ShardActors in a placement
     group) in the connected Ray cluster; returns once the model is loaded.
 
-    `options` are EngineConfig fields (num_speculative_tokens, max_num_seqs, max_seq_len,
+    `options` are EngineConfig fields (num_speculative_tokens, max_num_seqs, max_model_len,
     device, dtype, ...) and SchedulerSettings fields (tandem.actors.settings: placement,
     deadlines, the session socket, in_process_target), each with its own default;
     shard_num_gpus not given is 1 when the cluster has GPUs, else 0."""

@@ -1,7 +1,7 @@
 """A smaller model of the same tokenizer drafting for the whole batch at once.
 
-It lives on rank 0 beside the target with KV slots of its own, mirroring the
-target's positions. Its KV holds the sequence's tokens up to `length[slot]`.
+It lives on rank 0 beside the target with a KV pool of its own (tandem.drafters.draft_blocks),
+mirroring the target's positions. Its KV holds the sequence's tokens up to `lengths[slot]`.
 
 The KV is filled lazily: prefill feeds nothing (unless the sequence runs alone, see
 prefill), and a propose first feeds what the drafter has not seen (the catch-up: a
@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from tandem.model.kv_cache import KVCache, consecutive_start
+from tandem.drafters.draft_blocks import SlotBlocks
+from tandem.model.kv_cache import PagedKVCache, block_table_tensor
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
@@ -31,9 +32,13 @@ class DraftModelDrafter:
     name = "draft-model"
     capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache, target_vocab: int, propose_batch_max: int = 64):
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, target_vocab: int, max_model_len: int,
+                 propose_batch_max: int = 64):
         self.model = model
         self.cache = cache
+        self.blocks = SlotBlocks(cache.num_blocks, cache.block_size)
+        self.max_model_len = max_model_len
+        self.lengths: dict[int, int] = {}  # slot -> positions of its draft KV written
         self.target_vocab = target_vocab
         self.propose_batch_max = propose_batch_max
         self.device = next(model.parameters()).device
@@ -49,6 +54,7 @@ class DraftModelDrafter:
         # weight packs, page faults) do not land in the first propose: the batch cost rule
         # prices drafting from measured propose times. Slot 0's length stays 0.
         self._forward([[0]], [0], [0])
+        self.blocks.shrink(0, 0)
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int], feats=None) -> None:
@@ -58,10 +64,10 @@ class DraftModelDrafter:
         paying batch-1 speculation off. Here it is KV only, as a propose would feed it."""
         others = self.live - {slot}
         self.live.add(slot)
-        self.cache.set_length(slot, 0)
+        self._set_length(slot, 0)
         if not others:
             self._feed([list(tokens)], [slot], [0])
-            self.cache.set_length(slot, len(tokens))
+            self._set_length(slot, len(tokens))
 
     @torch.inference_mode()
     def propose(
@@ -80,23 +86,23 @@ class DraftModelDrafter:
         cost anything. (Drafting for the in-step few would not pay there either: the verify
         pads every sequence to their width, or runs a second forward.)"""
         want = [i for i, g in enumerate(num_drafts) if g > 0]
-        bulk = {i: max(0, len(histories[i]) + 1 - self.cache.lengths[slots[i]] - self.tail) for i in want}
+        bulk = {i: max(0, len(histories[i]) + 1 - self.lengths.get(slots[i], 0) - self.tail) for i in want}
         # at least 2 rows a sequence: while none drafts, each grows a row a tick, and the
         # catch-up must outpace that
         budget = max(self.catch_up_budget, 2 * len(want))
         if len(want) > 1 and sum(bulk.values()) > budget:
             rows, early = [], []
             for i in sorted((i for i in want if bulk[i] > 0), key=bulk.get):
-                start = self.cache.lengths[slots[i]]
+                start = self.lengths.get(slots[i], 0)
                 rows.append(histories[i][start : start + budget])  # the last one may be a part
                 early.append(i)
                 budget -= len(rows[-1])
                 if budget <= 0:
                     break
-            starts = [self.cache.lengths[slots[i]] for i in early]
+            starts = [self.lengths.get(slots[i], 0) for i in early]
             self._feed(rows, [slots[i] for i in early], starts)
             for i, r, st in zip(early, rows, starts):
-                self.cache.set_length(slots[i], st + len(r))
+                self._set_length(slots[i], st + len(r))
             want = []
         drafts: list[list[int]] = [[] for _ in slots]
         q: list[torch.Tensor | None] = [None] * len(slots)
@@ -110,7 +116,7 @@ class DraftModelDrafter:
     def _draft(self, slots, histories, last_tokens, num_drafts, sampling):
         """Catch every sequence up, then g_max draft steps for all of them."""
         g_max = max(num_drafts)
-        starts = [self.cache.lengths[s] for s in slots]
+        starts = [self.lengths.get(s, 0) for s in slots]
         catch_up = [h[st:] + [last] for h, st, last in zip(histories, starts, last_tokens)]
         positions = [len(h) for h in histories]  # where each last token sits
         tails = [min(len(c), self.tail) for c in catch_up]
@@ -126,19 +132,24 @@ class DraftModelDrafter:
             if step + 1 < g_max:
                 logits = self._forward([[t] for t in tok], slots, [p + step + 1 for p in positions])
         for slot, p in zip(slots, positions):
-            self.cache.set_length(slot, p + g_max)
+            self._set_length(slot, p + g_max)
         q_out = [torch.stack(q)[:g] if q else None for q, g in zip(qs, num_drafts)]
         return [d[:g] for d, g in zip(drafts, num_drafts)], q_out
 
     def commit(self, slot: int, start_pos: int, rows: int, feats=None) -> None:
-        self.cache.set_length(slot, min(self.cache.lengths[slot], start_pos + rows))
+        self._set_length(slot, min(self.lengths.get(slot, 0), start_pos + rows))
 
     def committed(self, slots: list[int], last_tokens: list[int]) -> None:
         pass  # the draft model catches up at its next propose
 
     def release(self, slot: int) -> None:
         self.live.discard(slot)
-        self.cache.set_length(slot, 0)
+        self._set_length(slot, 0)
+
+    def _set_length(self, slot: int, length: int) -> None:
+        """The slot's draft KV holds `length` positions; blocks past them go back."""
+        self.lengths[slot] = length
+        self.blocks.shrink(slot, length)
 
     # ---- helpers ----------------------------------------------------------------------
 
@@ -174,7 +185,7 @@ class DraftModelDrafter:
             for i in todo:
                 if len(group) >= max(1, self.chunk // width) or 2 * (len(rows[i]) - done[i]) < width:
                     break
-                if starts[i] + done[i] + width <= self.cache.max_seq_len:
+                if starts[i] + done[i] + width <= self.max_model_len:
                     group.append(i)
             self._forward([rows[i][done[i] : done[i] + width] for i in group], [slots[i] for i in group],
                           [starts[i] + done[i] for i in group], logits=False)
@@ -191,13 +202,16 @@ class DraftModelDrafter:
         for i, r in enumerate(rows):
             padded[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         last = [[len(r) - 1] for r in rows] if logits else [[] for _ in rows]
+        # rows written go to the slot's own blocks (pad rows past them to the scratch block)
+        tables = [self.blocks.cover(slot, st + len(r)) for slot, st, r in zip(slots, starts, rows)]
+        positions = max(st + width for st in starts)
+        tables_t = block_table_tensor(tables, max(-(-positions // self.cache.block_size), max(map(len, tables))),
+                                      self.cache.scratch_block, self.device)
         out = self.model(
             padded,
-            torch.tensor(slots, dtype=torch.long, device=self.device),
-            torch.tensor(starts, dtype=torch.long, device=self.device),
+            torch.tensor(starts, dtype=torch.int32, device=self.device),
             self.cache,
-            attn_len=max(starts) + width,
+            tables_t,
             logit_rows=torch.tensor(last, dtype=torch.long, device=self.device).view(len(rows), -1),
-            slot_start=consecutive_start(slots),
         )
         return out.logits[:, 0] if logits else None  # [n, V]

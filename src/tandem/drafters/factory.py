@@ -32,8 +32,21 @@ def rank_drafter_info(spec, drafter) -> RankDrafterInfo:
     return RankDrafterInfo(spec.drafter, spec.draft_model or "", 0)
 
 
-def build_rank_drafter(spec, target, *, device, dtype, progress: bool = True):
-    """The rank-side drafter of a ShardSpec, beside the loaded target `target`."""
+def load_draft_model(spec, target, *, device, dtype, progress: bool = True):
+    """The draft model of a ShardSpec (a LoadedModel), checked to share the target's tokenizer."""
+    from tandem.model.loader import load_model
+
+    if not spec.draft_model:
+        raise ValueError("drafter 'draft-model' needs draft_model (a model spec sharing the target's tokenizer)")
+    draft = load_model(spec.draft_model, dtype=dtype, device=device, progress=progress)
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(f"draft model {spec.draft_model!r} does not share the target's tokenizer")
+    return draft
+
+
+def build_rank_drafter(spec, target, *, device, dtype, progress: bool = True, draft=None, num_blocks: int = 0):
+    """The rank-side drafter of a ShardSpec, beside the loaded target `target`; a draft
+    model (`draft`, loaded already, or loaded here) gets a KV pool of num_blocks blocks."""
     kind = drafter_kind(spec.drafter)
     if not kind.on_rank:
         raise ValueError(f"drafter {spec.drafter!r} does not live on a shard rank")
@@ -42,14 +55,12 @@ def build_rank_drafter(spec, target, *, device, dtype, progress: bool = True):
 
         return build_dflash_drafter(spec, target, device=device, dtype=dtype)
     from tandem.drafters.draft_model import DraftModelDrafter
-    from tandem.model.kv_cache import KVCache
-    from tandem.model.loader import load_model
+    from tandem.model.kv_cache import PagedKVCache
 
-    if not spec.draft_model:
-        raise ValueError("drafter 'draft-model' needs draft_model (a model spec sharing the target's tokenizer)")
-    draft = load_model(spec.draft_model, dtype=dtype, device=device, progress=progress)
-    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ValueError(f"draft model {spec.draft_model!r} does not share the target's tokenizer")
+    draft = draft or load_draft_model(spec, target, device=device, dtype=dtype, progress=progress)
     c = draft.config
-    cache = KVCache(c.num_layers, spec.num_slots, spec.max_seq_len, c.num_kv_heads, c.head_dim, dtype, device)
-    return DraftModelDrafter(draft.model, cache, target_vocab=target.config.vocab_size)
+    # as many blocks as the target's pool, and a few a slot for the drafts past it
+    blocks = max(num_blocks, 1) + 2 * spec.num_slots
+    cache = PagedKVCache(c.num_layers, blocks, spec.block_size, c.num_kv_heads, c.head_dim, dtype, device, scratch_blocks=1)
+    return DraftModelDrafter(draft.model, cache, target_vocab=target.config.vocab_size,
+                             max_model_len=spec.max_model_len)

@@ -1,63 +1,78 @@
-"""KVCache: preallocated per-layer K/V for a fixed number of sequence slots."""
+"""PagedKVCache: every layer's K and V as one pool of fixed-size blocks.
 
+Which blocks hold a sequence is not the cache's business: the scheduler owns the block
+tables (tandem.kv.KVBlockManager) and every command says where its rows go, so every
+tensor-parallel rank keeps the same layout without an allocator of its own.
+"""
 from __future__ import annotations
+
+import mmap
 
 import torch
 
 
-class KVCache:
-    """K and V of every layer for `num_slots` sequences of up to `max_seq_len` positions.
+class PagedKVCache:
+    """k[layer], v[layer]: [num_blocks + scratch, kv_heads, block_size, head_dim].
 
-    The tensors never change shape (so a forward over them can be captured in a CUDA
-    graph); the model writes rows at the positions it is told. `lengths` is host-side
-    bookkeeping for the caller (how many positions of each slot are committed): the
-    forward neither reads nor changes it. Rewinding after a rejected draft is just
-    `set_length`: stale rows beyond the length are never attended (the forward's causal
-    mask ends at each row's own position) and are overwritten by the next write.
+    The tensors never change shape (a forward over them can be captured in a CUDA graph).
+    A block past num_blocks, when `scratch_blocks` asks for it, belongs to no sequence:
+    the padding rows of a captured forward write there. Rows past a sequence's committed
+    length (rejected drafts) are never read: the attention ends at each row's own
+    position, and the next write of that position overwrites them.
     """
 
-    def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 scratch_slots: int = 0):
-        if min(num_layers, num_slots, max_seq_len, num_kv_heads, head_dim) < 1:
-            raise ValueError("KVCache sizes must all be >= 1, got "
-                             f"layers={num_layers} slots={num_slots} max_seq_len={max_seq_len} "
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", scratch_blocks: int = 0):
+        if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
+            raise ValueError("PagedKVCache sizes must all be >= 1, got "
+                             f"layers={num_layers} blocks={num_blocks} block_size={block_size} "
                              f"kv_heads={num_kv_heads} head_dim={head_dim}")
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
-        # Slots past num_slots belong to no sequence: the padding rows of a captured forward
-        # (a batch padded to its graph's size) write there.
-        self.scratch_slot = num_slots if scratch_slots > 0 else None
-        shape = (num_slots + scratch_slots, num_kv_heads, max_seq_len, head_dim)
-        # k[layer], v[layer]: [slots, kv_heads, max_seq_len, head_dim]
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.lengths = [0] * num_slots
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.scratch_block = num_blocks if scratch_blocks > 0 else None
+        shape = (num_blocks + scratch_blocks, num_kv_heads, block_size, head_dim)
+        # zeros, not empty: a block's unwritten rows are masked, and 0 * NaN would not be 0
+        self.k = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [_zeros(shape, dtype, device) for _ in range(num_layers)]
 
-    @classmethod
-    def for_model(cls, config, num_slots: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
-                  device: torch.device | str = "cpu", num_kv_heads: int | None = None,
-                  scratch_slots: int = 0) -> "KVCache":
-        """A cache shaped for `config` (a ModelConfig); pass `num_kv_heads` for one tensor-parallel rank."""
-        return cls(config.num_layers, num_slots, max_seq_len, num_kv_heads or config.num_kv_heads,
-                   config.head_dim, dtype, device, scratch_slots)
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """What one block of K and V costs across every layer."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
-    def set_length(self, slot: int, length: int) -> None:
-        self._check_slot(slot)
-        if not 0 <= length <= self.max_seq_len:
-            raise ValueError(f"length {length} for slot {slot} is outside 0..{self.max_seq_len}")
-        self.lengths[slot] = length
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
 
-    def reset(self, slot: int) -> None:
-        self.set_length(slot, 0)
-
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot {slot} is outside 0..{self.num_slots - 1}")
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, blocks: torch.Tensor,
+              offsets: torch.Tensor) -> None:
+        """Rows [n, k, hkv, d] into block blocks[i, r] at offset offsets[i, r] ([n, k] each)."""
+        self.k[layer][blocks, :, offsets] = key
+        self.v[layer][blocks, :, offsets] = value
 
 
-def consecutive_start(slots: list[int]) -> int | None:
-    """slots[0] when slots are slots[0], slots[0] + 1, ... in order (the forward's
-    slot_start: it then reads the cache in place), else None."""
-    first = slots[0] if slots else None
-    return first if first is not None and all(s == first + i for i, s in enumerate(slots)) else None
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeros; on the CPU in anonymous memory the kernel maps on first write, so a pool costs
+    the memory its sequences have touched, not its whole budget up front."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = 1
+    for size in shape:
+        count *= size
+    buffer = mmap.mmap(-1, max(1, count * torch.empty(0, dtype=dtype).element_size()))
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
+
+
+def block_table_tensor(tables: list[list[int]], width: int | None = None, fill: int = 0,
+                       device: torch.device | str = "cpu") -> torch.Tensor:
+    """Block tables as one int32 [n, width] tensor, each padded with `fill` (never read)."""
+    width = width or max(len(t) for t in tables)
+    return torch.tensor([t + [fill] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+
+
+def fixed_tables(num_seqs: int, positions: int, block_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Block tables [num_seqs, m] that give sequence i the blocks i*m .. i*m + m - 1, m blocks
+    of `positions` positions each: for tools that run a fixed batch through the model (a
+    cache of num_seqs * m blocks) without a scheduler."""
+    m = -(-positions // block_size)
+    return torch.arange(num_seqs * m, dtype=torch.int32, device=device).view(num_seqs, m)

@@ -1,4 +1,4 @@
-"""Our own Llama-family forward (Llama, Qwen2, Mistral) over a slotted KV cache.
+"""Our own Llama-family forward (Llama, Qwen2, Mistral) over a paged KV cache.
 
 Module and parameter names follow Hugging Face's (`model.layers.0.self_attn.q_proj.weight`,
 ...), so a HF safetensors state dict loads straight in. The model knows nothing about
@@ -18,7 +18,8 @@ from torch import nn
 from tandem.model.config import ModelConfig
 from tandem.model.cpu_linear import FusedLinears, pack_linear_layers, share_fused_storage
 from tandem.model.cpu_malloc import keep_freed_memory
-from tandem.model.kv_cache import KVCache
+from tandem.model.kv_cache import PagedKVCache
+from tandem.model.paged_attention import paged_attention
 
 
 @dataclass
@@ -27,6 +28,24 @@ class ModelOutput:
     # hidden[i]: output of decoder layer i, [n, k, hidden] in the model's dtype
     # (HF's `hidden_states[i + 1]`; the last layer's output is before the final norm).
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class RowPlaces:
+    """Where a forward's rows go in the paged cache: tables [n, W] int32 (each sequence's
+    blocks, padded with the scratch block), start_pos [n] int32, and per row its block and
+    offset ([n, k] each)."""
+
+    tables: torch.Tensor
+    start_pos: torch.Tensor
+    blocks: torch.Tensor
+    offsets: torch.Tensor
+
+    @classmethod
+    def of(cls, tables: torch.Tensor, start_pos: torch.Tensor, k: int, block_size: int) -> "RowPlaces":
+        pos = start_pos.long()[:, None] + torch.arange(k, device=start_pos.device)  # [n, k]
+        blocks = tables.long().gather(1, pos // block_size)
+        return cls(tables=tables, start_pos=start_pos.int(), blocks=blocks, offsets=pos % block_size)
 
 
 class RMSNorm(nn.Module):
@@ -84,17 +103,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
         self.qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)  # one GEMM where packed (CPU)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                pos: torch.Tensor, slot_start: int | None = None) -> torch.Tensor:
-        # x: [n, k, hidden]; cos, sin: [n, k, 1, d]; mask: [n, 1, g*k, L] (True = attend)
-        # k_cache, v_cache: [slots, hkv, max_seq_len, d]; slots: [n]; pos: [n, k]
-        # slot_start: slots are slot_start, slot_start + 1, ... (the cache is read in place)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: PagedKVCache, layer: int,
+                where: "RowPlaces") -> torch.Tensor:
+        # x: [n, k, hidden]; cos, sin: [n, k, 1, d]; where: the rows' blocks and offsets
         n, k, _ = x.shape
         d = self.head_dim
         # Head counts come from the weights, so a tensor-parallel shard needs no other change.
         hq, hkv = self.q_proj.out_features // d, self.k_proj.out_features // d
-        g = hq // hkv
         qkv = self.qkv.joined(x)
         # q and k side by side: one rotation for both (half the kernels of two)
         qk = qkv[..., : (hq + hkv) * d].view(n, k, hq + hkv, d)
@@ -103,24 +118,9 @@ class Attention(nn.Module):
         q, key = qk[:, :, :hq], qk[:, :, hq:]  # [n, k, hq, d], [n, k, hkv, d]
 
         # Write this step's rows first, so each row also sees itself and the rows before it.
-        k_cache[slots[:, None], :, pos] = key
-        v_cache[slots[:, None], :, pos] = value
-        attn_len = mask.shape[-1]
-        if slot_start is not None:  # consecutive slots: a view of the cache, nothing copied
-            keys = k_cache[slot_start : slot_start + n, :, :attn_len]  # [n, hkv, L, d]
-            values = v_cache[slot_start : slot_start + n, :, :attn_len]
-        else:
-            # index_select copies whole [L, d] blocks; advanced indexing (k_cache[slots, :, :L])
-            # was 3-10x slower on the CPU.
-            keys = k_cache[:, :, :attn_len].index_select(0, slots)  # [n, hkv, L, d]
-            values = v_cache[:, :, :attn_len].index_select(0, slots)  # [n, hkv, L, d]
-
-        # GQA without repeating K/V: the g query heads sharing a kv head are folded into the
-        # row dim (HF's head h uses kv head h // g).
-        q = q.view(n, k, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, g * k, d)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [n, hkv, g*k, d]
-        out = out.view(n, hkv, g, k, d).permute(0, 3, 1, 2, 4).reshape(n, k, hq * d)
-        return self.o_proj(out)
+        cache.write(layer, key, value, where.blocks, where.offsets)
+        out = paged_attention(q.contiguous(), cache.k[layer], cache.v[layer], where.tables, where.start_pos)
+        return self.o_proj(out.reshape(n, k, hq * d))
 
 
 class MLP(nn.Module):
@@ -144,8 +144,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots, pos, slot_start=None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, slots, pos, slot_start)
+    def forward(self, x, cos, sin, cache, layer, where) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, where)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -217,55 +217,44 @@ class LlamaForCausalLM(nn.Module):
     def final_norm_and_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model.norm(hidden)).float()  # [n, k, hidden] -> [n, k, vocab] float32
 
-    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+    def new_cache(self, num_blocks: int, block_size: int = 16, scratch_blocks: int = 1) -> PagedKVCache:
         """A cache in this model's dtype and device, with as many kv heads as its (possibly sharded) layers."""
         num_kv_heads = self.model.layers[0].self_attn.k_proj.out_features // self.config.head_dim
-        return KVCache.for_model(self.config, num_slots, max_seq_len, self.dtype, self.device, num_kv_heads)
+        return PagedKVCache(self.config.num_layers, num_blocks, block_size, num_kv_heads, self.config.head_dim,
+                            self.dtype, self.device, scratch_blocks)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,
-                capture_layers: tuple[int, ...] = (), attn_len: int | None = None,
-                logit_rows: torch.Tensor | None = None, slot_start: int | None = None) -> ModelOutput:
+    def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor,
+                capture_layers: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> ModelOutput:
         """Run k new rows for each of n sequences through the model and the cache.
 
-        tokens: [n, k]; slots: [n] (distinct cache slots); start_pos: [n].
-        Row r of sequence i sits at position start_pos[i] + r; its K/V are written at that
-        position of slot slots[i], and it attends to positions 0..start_pos[i] + r of that
-        slot. attn_len is how many cache positions the attention reads (a bucket >= every
-        start_pos + k); the caller passes it from host-side lengths so the forward never
-        syncs with the device and its shapes depend only on (n, k, attn_len). Left out,
-        it is max(start_pos) + k, read from start_pos (a device sync on a GPU).
-        Positions must stay below cache.max_seq_len: checked by the caller, not here.
+        tokens: [n, k]; start_pos: [n]; block_tables: [n, W] int32, each sequence's blocks
+        padded with a block no sequence reads (the cache's scratch block), W covering every
+        row (W * block_size >= start_pos + k).
+        Row r of sequence i sits at position p = start_pos[i] + r; its K/V are written to
+        block block_tables[i, p // block_size] at offset p % block_size, and it attends to
+        positions 0..p of its sequence. The forward never syncs with the device (a GPU
+        forward can be captured in a CUDA graph); the caller checks tables and positions.
         logit_rows: [n, m] row indices (0..k-1) per sequence: the LM head runs on those rows
         only and logits is [n, m, vocab] (m may be 0: a KV-only forward). Left out, every row
-        ([n, k, vocab]). A catch-up of long prompts needs one row's logits a sequence, and the
+        ([n, k, vocab]). A prefill of long prompts needs one row's logits a sequence, and the
         full head there would be [n * k, vocab] floats (151k wide for Qwen: gigabytes).
-        slot_start: the caller knows slots are slot_start, slot_start + 1, ..., in order; the
-        attention then reads the cache in place instead of gathering each slot's rows
-        (bench/kv_read.py, 32 sequences on the 2-core CPU: the gathered forward takes 1.3x
-        as long at 512 tokens of context, 1.5x at 1024).
         """
         n, k = tokens.shape
-        if attn_len is None:
-            attn_len = int(start_pos.max()) + k
-        if not k <= attn_len <= cache.max_seq_len:
-            raise ValueError(f"attn_len {attn_len} is outside {k}..{cache.max_seq_len} (k={k}, cache max_seq_len)")
         bad = [i for i in capture_layers if not 0 <= i < self.config.num_layers]
         if bad:
             raise ValueError(f"capture_layers {bad} outside 0..{self.config.num_layers - 1}")
         device = tokens.device
-        pos = start_pos[:, None] + torch.arange(k, device=device)  # [n, k]
-        allowed = torch.arange(attn_len, device=device) <= pos[:, :, None]  # [n, k, L]
-        # The same mask for every query head of a kv group, in the folded row order of Attention.
-        g = self.config.queries_per_kv
-        mask = allowed[:, None, None].expand(n, 1, g, k, attn_len).reshape(n, 1, g * k, attn_len)
+        where = RowPlaces.of(block_tables, start_pos, k, cache.block_size)
+        # (clamped: the pad rows of a prefill batch may run past the rope tables)
+        pos = (start_pos.long()[:, None] + torch.arange(k, device=device)).clamp_max(self.rope_cos.shape[0] - 1)
 
         x = self.embed(tokens)  # [n, k, hidden]
         cos = torch.cat([self.rope_cos[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
         sin = torch.cat([self.rope_sin[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
         hidden = {}
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, cache.k[i], cache.v[i], slots, pos, slot_start)
+            x = layer(x, cos, sin, cache, i, where)
             if i in capture_layers:
                 hidden[i] = x
         if logit_rows is not None:

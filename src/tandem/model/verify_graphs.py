@@ -1,11 +1,11 @@
 """CUDA graphs of the target's verify forward.
 
-One graph per bucket (batch padded to a power of two, k rows, context read padded to a
-power of two of at least MIN_CTX positions, captured layers), captured the first time a
-verify of that bucket runs and replayed after. Few context buckets keep captures rare: a
-capture costs about as much as a few dozen replays. Padding rows write only the cache's
-scratch slot, and their outputs are dropped; the context padding lies past every row's
-causal mask. Prefills of prompts within the row budget have graphs of their own, padded
+One graph per bucket (batch padded to a power of two, k rows, block tables padded to the
+blocks of a power of two of at least MIN_CTX positions, captured layers), captured the
+first time a verify of that bucket runs and replayed after. Few context buckets keep
+captures rare: a capture costs about as much as a few dozen replays. Padding rows and
+table entries name the cache's scratch block, and their outputs are dropped; the
+attention reads each sequence's own blocks only, up to its own positions. Prefills of prompts within the row budget have graphs of their own, padded
 to a power of two the same way, whose LM head runs on each prompt's last row only
 (ModelShard._graphed_prompts); a long prompt's chunks run eagerly.
 The outputs live in the graph's static buffers until its next replay: the shard reads
@@ -16,18 +16,19 @@ from __future__ import annotations
 import torch
 
 from tandem.model.cuda_graph import CapturedGraph, next_pow2
-from tandem.model.kv_cache import KVCache
+from tandem.model.kv_cache import PagedKVCache
 from tandem.model.llama import ModelOutput
 
 MIN_CTX = 256
 
 
 class VerifyGraphs:
-    def __init__(self, model: torch.nn.Module, cache: KVCache, *, max_rows: int = 256, max_graphs: int = 160,
-                 capture: bool = True):
-        if cache.scratch_slot is None:
-            raise ValueError("verify graphs need a KV cache with a scratch slot (KVCache(..., scratch_slots=1))")
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_model_len: int, *, max_rows: int = 256,
+                 max_graphs: int = 160, capture: bool = True):
+        if cache.scratch_block is None:
+            raise ValueError("verify graphs need a KV cache with a scratch block (PagedKVCache(..., scratch_blocks=1))")
         self.model, self.cache = model, cache
+        self.max_model_len = max_model_len
         # Each graph keeps its [rows, vocab] float32 logits alive: rows and count are capped.
         self.max_rows, self.max_graphs = max_rows, max_graphs
         self.capture = capture
@@ -35,7 +36,7 @@ class VerifyGraphs:
         self.graphs: dict[tuple, CapturedGraph] = {}
         self.device = next(model.parameters()).device
 
-    def forward(self, tokens: list[int], n: int, k: int, slots: list[int], start_pos: list[int],
+    def forward(self, tokens: list[int], n: int, k: int, tables: list[list[int]], start_pos: list[int],
                 capture_layers: tuple[int, ...], last_rows: list[int] | None = None) -> ModelOutput | None:
         """The forward of n sequences x k rows (tokens sequence-major), or None when this
         shape is not graphed (the caller runs it eagerly). With last_rows (a prompt's
@@ -43,7 +44,7 @@ class VerifyGraphs:
         nb = next_pow2(n)
         if nb * k > self.max_rows:
             return None
-        cb = self._bucket(max(start_pos) + k)
+        cb = self._bucket(max(max(start_pos) + k, max(len(t) for t in tables) * self.cache.block_size))
         prompt = last_rows is not None
         key = (nb, k, cb, tuple(capture_layers), prompt)
         runner = self.graphs.get(key)
@@ -51,12 +52,14 @@ class VerifyGraphs:
             if len(self.graphs) >= self.max_graphs:
                 return None
             runner = self.graphs[key] = self._build(*key)
-        # one host->device copy: row i = [its k tokens, its slot, its start position(, its last row)]
-        pad = nb - n
+        # one host->device copy: row i = [its k tokens, its start position(, its last row),
+        # its block table padded with the scratch block]
+        pad, width, scratch = nb - n, cb // self.cache.block_size, self.cache.scratch_block
         tail = [[last] for last in last_rows] if prompt else [[]] * n
         host = torch.tensor(
-            [tokens[i * k : (i + 1) * k] + [slots[i], start_pos[i]] + tail[i] for i in range(n)]
-            + [[0] * k + [self.cache.scratch_slot, 0] + [0] * prompt] * pad,
+            [tokens[i * k : (i + 1) * k] + [start_pos[i]] + tail[i] + tables[i] + [scratch] * (width - len(tables[i]))
+             for i in range(n)]
+            + [[0] * k + [0] + [0] * prompt + [scratch] * width] * pad,
             dtype=torch.long,
         )
         out = runner.run(host)
@@ -74,7 +77,7 @@ class VerifyGraphs:
         for k in range(1, max_k + 1):  # verifies
             shapes += [(nb, k, False) for nb in _pow2_upto(next_pow2(max_batch))
                        if (nb // 2 + 1) * k <= row_budget and nb * k <= self.max_rows]  # some n padded to nb fits
-        for k in _pow2_upto(min(self.max_rows, next_pow2(row_budget), self.cache.max_seq_len)):
+        for k in _pow2_upto(min(self.max_rows, next_pow2(row_budget), self.max_model_len)):
             shapes += [(nb, k, True) for nb in _pow2_upto(next_pow2(max_batch)) if nb * k <= self.max_rows]  # prefills
         added = 0
         for nb, k, prompt in shapes:
@@ -85,17 +88,21 @@ class VerifyGraphs:
         return added
 
     def _bucket(self, ctx: int) -> int:
-        """The context positions a forward reaching position ctx reads."""
-        return min(self.cache.max_seq_len, max(MIN_CTX, next_pow2(ctx)))
+        """The positions of the block tables of a forward reaching position ctx (a whole
+        number of blocks)."""
+        bs = self.cache.block_size
+        positions = max(MIN_CTX, next_pow2(ctx), bs)
+        return -(-min(positions, max(self.max_model_len, ctx)) // bs) * bs
 
     def _build(self, nb: int, k: int, cb: int, capture_layers: tuple[int, ...], prompt: bool) -> CapturedGraph:
-        inputs = torch.zeros(nb, k + 2 + prompt, dtype=torch.long, device=self.device)
-        inputs[:, k] = self.cache.scratch_slot  # the warm-up runs before capture write only there
+        table_at = k + 1 + prompt
+        inputs = torch.zeros(nb, table_at + cb // self.cache.block_size, dtype=torch.long, device=self.device)
+        inputs[:, table_at:] = self.cache.scratch_block  # the warm-up runs before capture write only there
 
         def body() -> ModelOutput:
-            return self.model(inputs[:, :k], inputs[:, k], inputs[:, k + 1], self.cache,
-                              capture_layers=capture_layers, attn_len=cb,
-                              logit_rows=inputs[:, k + 2 :] if prompt else None)
+            return self.model(inputs[:, :k], inputs[:, k], self.cache, inputs[:, table_at:].int(),
+                              capture_layers=capture_layers,
+                              logit_rows=inputs[:, k + 1 : table_at] if prompt else None)
 
         return CapturedGraph(body, inputs, self.pool, self.capture)
 

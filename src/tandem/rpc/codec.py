@@ -8,6 +8,7 @@ ones): at n=64 the 64 empty submessages cost ~0.1 ms a tick to build and parse.
 """
 from __future__ import annotations
 
+from tandem.errors import ShapeError
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
     GREEDY,
@@ -48,13 +49,18 @@ def encode_spec(spec: ShardSpec) -> pb.ShardSpec:
         dtype=spec.dtype,
         device=spec.device,
         num_slots=spec.num_slots,
-        max_seq_len=spec.max_seq_len,
         row_budget=spec.row_budget,
         drafter=spec.drafter,
         num_speculative_tokens=spec.num_speculative_tokens,
         cuda_graphs=spec.cuda_graphs,
         dflash_cuda_graphs=spec.dflash_cuda_graphs,
+        block_size=spec.block_size,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
     )
+    if spec.max_model_len is not None:
+        m.max_model_len = spec.max_model_len
+    if spec.kv_cache_memory_gb is not None:
+        m.kv_cache_memory_gb = spec.kv_cache_memory_gb
     if spec.dflash_dtype is not None:
         m.dflash_dtype = spec.dflash_dtype
     if spec.model is not None:
@@ -72,7 +78,7 @@ def decode_spec(m: pb.ShardSpec) -> ShardSpec:
         dtype=m.dtype,
         device=m.device,
         num_slots=m.num_slots,
-        max_seq_len=m.max_seq_len,
+        max_model_len=m.max_model_len if m.HasField("max_model_len") else None,
         row_budget=m.row_budget,
         drafter=m.drafter,
         draft_model=m.draft_model if m.HasField("draft_model") else None,
@@ -81,30 +87,37 @@ def decode_spec(m: pb.ShardSpec) -> ShardSpec:
         cuda_graphs=m.cuda_graphs,
         dflash_cuda_graphs=m.dflash_cuda_graphs,
         dflash_dtype=m.dflash_dtype if m.HasField("dflash_dtype") else None,
+        block_size=m.block_size,
+        kv_cache_memory_gb=m.kv_cache_memory_gb if m.HasField("kv_cache_memory_gb") else None,
+        gpu_memory_utilization=m.gpu_memory_utilization,
     )
 
 
 def encode_limits(x: ShardLimits) -> pb.ShardLimits:
     return pb.ShardLimits(
         num_slots=x.num_slots,
-        max_seq_len=x.max_seq_len,
+        max_model_len=x.max_model_len,
         row_budget=x.row_budget,
         vocab_size=x.vocab_size,
         world_size=x.world_size,
         drafter=x.drafter,
         propose_batch_max=x.propose_batch_max,
+        num_blocks=x.num_blocks,
+        block_size=x.block_size,
     )
 
 
 def decode_limits(m: pb.ShardLimits) -> ShardLimits:
     return ShardLimits(
         num_slots=m.num_slots,
-        max_seq_len=m.max_seq_len,
+        max_model_len=m.max_model_len,
         row_budget=m.row_budget,
         vocab_size=m.vocab_size,
         world_size=m.world_size,
         drafter=m.drafter,
         propose_batch_max=m.propose_batch_max,
+        num_blocks=m.num_blocks,
+        block_size=m.block_size,
     )
 
 
@@ -120,12 +133,14 @@ def decode_drafter_info(m: pb.DrafterInfo) -> RankDrafterInfo:
 
 def encode_prefill(items: list[PrefillItem]) -> pb.PrefillRequest:
     return pb.PrefillRequest(
-        items=[pb.PrefillItem(slot=it.slot, tokens=it.tokens, sampling=encode_sampling(it.sampling)) for it in items]
+        items=[pb.PrefillItem(slot=it.slot, tokens=it.tokens, sampling=encode_sampling(it.sampling), blocks=it.blocks,
+                              cached_len=it.cached_len) for it in items]
     )
 
 
 def decode_prefill(m: pb.PrefillRequest) -> list[PrefillItem]:
-    return [PrefillItem(slot=it.slot, tokens=list(it.tokens), sampling=decode_sampling(it.sampling)) for it in m.items]
+    return [PrefillItem(slot=it.slot, tokens=list(it.tokens), sampling=decode_sampling(it.sampling),
+                        blocks=list(it.blocks), cached_len=it.cached_len) for it in m.items]
 
 
 def encode_prefill_result(r: PrefillResult) -> pb.PrefillResult:
@@ -147,6 +162,8 @@ def encode_verify(c: VerifyBatch) -> pb.VerifyBatch:
         start_pos=c.start_pos,
         tokens=c.tokens,
         sampling=[] if all(s == GREEDY for s in c.sampling) else [encode_sampling(s) for s in c.sampling],
+        blocks=[b for t in c.block_tables for b in t],
+        block_counts=[len(t) for t in c.block_tables],
     )
 
 
@@ -159,6 +176,7 @@ def decode_verify(m: pb.VerifyBatch) -> VerifyBatch:
         start_pos=list(m.start_pos),
         tokens=list(m.tokens),
         sampling=[decode_sampling(s) for s in m.sampling] if m.sampling else [GREEDY] * max(0, m.n),
+        block_tables=_split(list(m.blocks), list(m.block_counts), "verify block tables"),
     )
 
 
@@ -206,13 +224,18 @@ def encode_propose_result(r: ProposeResult) -> pb.ProposeResult:
 
 
 def decode_propose_result(m: pb.ProposeResult) -> ProposeResult:
-    tokens, drafts, at = list(m.tokens), [], 0
-    if sum(m.counts) != len(tokens) or any(c < 0 for c in m.counts):
-        raise ValueError(f"propose result: counts {list(m.counts)} do not cover {len(tokens)} tokens")
-    for c in m.counts:
-        drafts.append(tokens[at : at + c])
+    return ProposeResult(drafts=_split(list(m.tokens), list(m.counts), "propose result"))
+
+
+def _split(flat: list[int], counts: list[int], what: str) -> list[list[int]]:
+    """flat cut into consecutive runs of counts[i] (ShapeError where they do not cover it)."""
+    if sum(counts) != len(flat) or any(c < 0 for c in counts):
+        raise ShapeError(what, f"counts {counts} do not cover {len(flat)} entries")
+    out, at = [], 0
+    for c in counts:
+        out.append(flat[at : at + c])
         at += c
-    return ProposeResult(drafts=drafts)
+    return out
 
 
 def encode_release(slots: list[int]) -> pb.ReleaseRequest:

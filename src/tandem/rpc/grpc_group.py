@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Callable, NoReturn
 
 import grpc
@@ -245,10 +246,14 @@ class GrpcShardGroup(FanOut):
         ]
         replies = self._fan_out("Init", requests, self.init_deadline_s)
         self._raise_on_start_failure(replies, "init")
-        self.limits = codec.decode_limits(replies[0].value.limits)
+        # Every rank keeps the same layout: the pool is what the smallest rank holds (rank 0
+        # also keeps a draft model's KV, and GPUs may have different memory free).
+        ranks = [codec.decode_limits(r.value.limits) for r in replies]
+        self.limits = replace(ranks[0], num_blocks=min(x.num_blocks for x in ranks),
+                              max_model_len=min(x.max_model_len for x in ranks))
         self.drafter_info = codec.decode_drafter_info(replies[0].value.drafter)
         self._check_drafter()
-        self.rules = ShapeRules(num_slots=self.limits.num_slots, row_budget=self.limits.row_budget)
+        self.rules = ShapeRules.of(self.limits)
         if self.use_sessions:
             if self._watchdog is None:
                 self._watchdog = Watchdog()

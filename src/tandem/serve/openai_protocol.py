@@ -61,7 +61,7 @@ class _Sampling(BaseModel):
             raise InvalidRequestError("presence_penalty" if self.presence_penalty else "frequency_penalty", "penalties are not supported")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options", "only allowed with stream: true")
-        max_tokens = self._max_tokens()
+        max_tokens = given = self._max_tokens()
         if max_tokens is None:
             max_tokens = default_max_tokens
         if max_tokens > max_tokens_limit:
@@ -80,6 +80,7 @@ class _Sampling(BaseModel):
             stop=tuple(stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            max_tokens_is_default=given is None,
         )
 
     def _max_tokens(self) -> int | None:

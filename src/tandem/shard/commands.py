@@ -6,7 +6,7 @@ onto protos/shard.proto messages.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.errors import ShapeError
 
@@ -33,6 +33,8 @@ class PrefillItem:
     slot: int
     tokens: list[int]  # the whole known history of the sequence (prompt, plus output on a re-prefill)
     sampling: SamplingSpec = GREEDY
+    blocks: list[int] = field(default_factory=list)  # its block table, covering every token (tandem.kv.KVBlockManager)
+    cached_len: int = 0  # leading tokens whose KV the blocks already hold (a prefix-cache hit)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class VerifyBatch:
     start_pos: list[int]  # [n] the committed KV length of each slot
     tokens: list[int]  # [n*k] sequence-major
     sampling: list[SamplingSpec]  # [n]
+    block_tables: list[list[int]] = field(default_factory=list)  # [n] each sequence's blocks, covering start_pos + k positions
 
 
 @dataclass(frozen=True)
@@ -114,13 +117,20 @@ class ProposeResult:
 class ShardLimits:
     """What a shard group can take, told to the scheduler once at start."""
 
-    num_slots: int
-    max_seq_len: int
+    num_slots: int  # sequences at once
+    max_model_len: int  # positions of one sequence
     row_budget: int  # max n*k rows of one forward
     vocab_size: int
     world_size: int = 1
     drafter: str = "none"  # the rank-side drafter's kind, "none" when the scheduler drafts
     propose_batch_max: int = 64
+    num_blocks: int = 1  # the KV pool of every rank, in blocks of block_size positions
+    block_size: int = 16
+
+    @property
+    def max_blocks(self) -> int:
+        """The most blocks one sequence's table holds."""
+        return -(-self.max_model_len // self.block_size)
 
 
 @dataclass
@@ -129,6 +139,14 @@ class ShapeRules:
 
     num_slots: int
     row_budget: int
+    num_blocks: int = 1
+    block_size: int = 16
+    max_blocks: int = 1
+
+    @classmethod
+    def of(cls, limits: "ShardLimits") -> "ShapeRules":
+        return cls(num_slots=limits.num_slots, row_budget=limits.row_budget, num_blocks=limits.num_blocks,
+                   block_size=limits.block_size, max_blocks=limits.max_blocks)
 
     def check(self, cmd: VerifyBatch) -> None:
         if cmd.n < 1:
@@ -148,6 +166,30 @@ class ShapeRules:
         bad = [s for s in cmd.slots if not 0 <= s < self.num_slots]
         if bad:
             raise ShapeError("slots in range", f"slots {bad} outside [0, {self.num_slots})")
+        if len(cmd.block_tables) != cmd.n:
+            raise ShapeError("len(block_tables)==n", f"{len(cmd.block_tables)} block tables for n={cmd.n}")
+        writer: dict[int, int] = {}  # block -> the sequence writing rows into it
+        for i, (slot, start, table) in enumerate(zip(cmd.slots, cmd.start_pos, cmd.block_tables)):
+            self.check_table(slot, table, start + cmd.k)
+            for block in table[start // self.block_size : -(-(start + cmd.k) // self.block_size)]:
+                writer[block] = i
+        # a block one sequence writes must be in no other's table (only full, committed
+        # blocks are shared, and nobody writes those)
+        for i, (slot, table) in enumerate(zip(cmd.slots, cmd.block_tables)):
+            if any(writer.get(block, i) != i for block in table):
+                raise ShapeError("blocks written", f"slot {slot}: this batch writes a block of its table for another sequence")
+
+    def check_table(self, slot: int, table: list[int], positions: int) -> None:
+        """A block table that covers `positions` positions with distinct blocks of the pool."""
+        need = -(-positions // self.block_size)
+        if not need <= len(table) <= self.max_blocks:
+            raise ShapeError("block table length",
+                             f"slot {slot}: {len(table)} blocks for {positions} positions "
+                             f"(needs {need}, at most {self.max_blocks})")
+        if table and (min(table) < 0 or max(table) >= self.num_blocks):
+            raise ShapeError("block ids", f"slot {slot}: block ids must lie in [0, {self.num_blocks})")
+        if len(set(table)) != len(table):
+            raise ShapeError("block ids distinct", f"slot {slot}: a block table names a block twice")
 
 
 @dataclass(frozen=True)

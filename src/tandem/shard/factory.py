@@ -1,4 +1,4 @@
-"""Build one rank (target weights, KV slots, rank-side drafter) from a ShardSpec.
+"""Build one rank (target weights, its KV pool, rank-side drafter) from a ShardSpec.
 
 The same spec builds the in-process rank of LocalShardGroup and each rank of a
 shard server, so every rank of a group is made the same way.
@@ -11,10 +11,11 @@ from dataclasses import replace
 
 import torch
 
-from tandem.model.kv_cache import KVCache
+from tandem.model.kv_cache import PagedKVCache
 from tandem.model.loader import LoadedModel, load_model
 from tandem.model.verify_graphs import VerifyGraphs
 from tandem.shard.commands import RankDrafterInfo
+from tandem.shard.kv_budget import activation_reserve, pool_size
 from tandem.shard.model_shard import ModelShard
 from tandem.shard.spec import ShardSpec
 
@@ -57,24 +58,35 @@ def build_model_shard(
     # CUDA graphs for the verify forward: one GPU rank (a tensor-parallel forward's collectives
     # stay eager), unless the spec turns them off.
     graphed = device.type == "cuda" and world_size == 1 and spec.cuda_graphs
-    cache = KVCache(
-        num_layers=cfg.num_layers,
-        num_slots=spec.num_slots,
-        max_seq_len=spec.max_seq_len,
-        num_kv_heads=num_kv_heads,
-        head_dim=cfg.head_dim,
-        dtype=dtype,
-        device=device,
-        scratch_slots=1 if graphed else 0,
-    )
+    draft = None
+    if rank == 0 and spec.drafter == "draft-model":
+        from tandem.drafters.factory import load_draft_model
+
+        draft = load_draft_model(spec, loaded, device=device, dtype=dtype, progress=progress)
+    # One budget for the target's blocks and, beside them, the draft model's (as many).
+    per_block = PagedKVCache.bytes_per_block(cfg.num_layers, spec.block_size, num_kv_heads, cfg.head_dim, dtype)
+    if draft is not None:
+        c = draft.config
+        per_block += PagedKVCache.bytes_per_block(c.num_layers, spec.block_size, c.num_kv_heads, c.head_dim, dtype)
+    reserve = activation_reserve(spec.row_budget, cfg.vocab_size, cfg.hidden_size)
+    pool = pool_size(spec, cfg.max_position_embeddings, per_block, device, reserve)
+    cache = PagedKVCache(cfg.num_layers, pool.num_blocks, spec.block_size, num_kv_heads, cfg.head_dim,
+                         dtype, device, scratch_blocks=1)
+    log.info("KV pool: %d blocks of %d tokens (%d tokens, %.2f GiB); max_model_len %d",
+             pool.num_blocks, spec.block_size, cache.num_tokens, pool.num_blocks * per_block / (1 << 30),
+             pool.max_model_len)
+    spec = replace(spec, max_model_len=pool.max_model_len)
     drafter = None
     if rank == 0 and spec.drafter != "none":  # "none": no drafter on the ranks
         from tandem.drafters.factory import build_rank_drafter
 
-        drafter = build_rank_drafter(spec, loaded, device=device, dtype=dtype, progress=progress)
+        drafter = build_rank_drafter(spec, loaded, device=device, dtype=dtype, progress=progress,
+                                     draft=draft, num_blocks=pool.num_blocks)
     shard = ModelShard(
         model,
         cache,
+        num_slots=spec.num_slots,
+        max_model_len=pool.max_model_len,
         row_budget=spec.row_budget,
         vocab_size=cfg.vocab_size,
         rank=rank,
@@ -84,7 +96,7 @@ def build_model_shard(
         # the budget keep every verify graphed (with 256, a batch of 33-51 sequences x 5
         # rows padded to 64 x 5 = 320 ran eagerly, launch-bound); capped, as each graph
         # keeps its [rows, vocab] float32 logits.
-        graphs=VerifyGraphs(model, cache, max_rows=min(2 * spec.row_budget, 512)) if graphed else None,
+        graphs=VerifyGraphs(model, cache, pool.max_model_len, max_rows=min(2 * spec.row_budget, 512)) if graphed else None,
     )
     if graphed:
         t0 = time.perf_counter()

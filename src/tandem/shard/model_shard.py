@@ -1,7 +1,9 @@
-"""ModelShard: one rank of the target model, its KV slots, and (on rank 0) a rank-side drafter.
+"""ModelShard: one rank of the target model, its paged KV, and (on rank 0) a rank-side drafter.
 
-It executes the shard control commands. It trusts nothing: a malformed command is
-refused with ShapeError before any state changes, so the rank keeps serving.
+It executes the shard control commands. It trusts nothing: a malformed command (a block
+table too short, a block id outside the pool, rows written into a block another sequence
+reads) is refused with ShapeError before any state changes, so the rank keeps serving.
+The scheduler owns the block tables; a rank keeps only each slot's committed length.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 from tandem.drafters.rank_drafter import RankDrafter
 from tandem.errors import ShapeError
 from tandem.model.cuda_graph import next_pow2
-from tandem.model.kv_cache import KVCache, consecutive_start
+from tandem.model.kv_cache import PagedKVCache, block_table_tensor
 from tandem.model.verify_graphs import VerifyGraphs
 from tandem.sampling.rank_rule import pick_last, pick_rows
 from tandem.shard.commands import (
@@ -43,8 +45,10 @@ class ModelShard:
     def __init__(
         self,
         model: torch.nn.Module,
-        cache: KVCache,
+        cache: PagedKVCache,
         *,
+        num_slots: int,
+        max_model_len: int,
         row_budget: int,
         vocab_size: int,
         rank: int = 0,
@@ -59,16 +63,19 @@ class ModelShard:
         self.drafter = drafter if rank == 0 else None
         self.graphs = graphs  # CUDA graphs of the verify forward (one GPU rank), or None: eager
         self.vocab_size = vocab_size
-        self.rules = ShapeRules(num_slots=cache.num_slots, row_budget=row_budget)
         self.limits = ShardLimits(
-            num_slots=cache.num_slots,
-            max_seq_len=cache.max_seq_len,
+            num_slots=num_slots,
+            max_model_len=max_model_len,
             row_budget=row_budget,
             vocab_size=vocab_size,
             world_size=world_size,
             drafter=drafter.name if drafter else "none",
             propose_batch_max=drafter.propose_batch_max if drafter else 64,
+            num_blocks=cache.num_blocks,
+            block_size=cache.block_size,
         )
+        self.rules = ShapeRules.of(self.limits)
+        self.lengths = [0] * num_slots  # slot -> positions of its KV committed
         self.capture = tuple(drafter.capture_layers) if drafter else ()
         self.history: dict[int, list[int]] = {}  # slot -> committed tokens (rank-side drafter input)
         self.pending: _Pending | None = None
@@ -82,43 +89,58 @@ class ModelShard:
         captured now rather than on live traffic (see VerifyGraphs.capture_ahead); how many."""
         if self.graphs is None:
             return 0
-        return self.graphs.capture_ahead(self.cache.num_slots, max_k, self.limits.row_budget, self.capture)
+        return self.graphs.capture_ahead(self.limits.num_slots, max_k, self.limits.row_budget, self.capture)
 
     # ---- commands ---------------------------------------------------------------------
 
     @torch.inference_mode()
     def prefill(self, items: list[PrefillItem]) -> PrefillResult:
-        for it in items:
-            self._check_slot(it.slot)
-            if not it.tokens:
-                raise ShapeError("tokens non-empty", f"prefill of slot {it.slot} has no tokens")
-            if len(it.tokens) >= self.cache.max_seq_len:
-                raise ShapeError("tokens < max_seq_len", f"{len(it.tokens)} tokens for a context of {self.cache.max_seq_len}")
-            self._check_tokens(it.tokens)
-        if len({it.slot for it in items}) != len(items):
-            raise ShapeError("slots distinct", "a prefill names a slot twice")
+        self._check_prefill(items)
         self.pending = None  # a prefill after a failed verify supersedes it
-        # All given tokens go into the KV; the pick after them is the sequence's next
-        # token, whose KV waits for row 0 of its next verify.
+        # The given tokens past cached_len go into the KV; the pick after them is the
+        # sequence's next token, whose KV waits for row 0 of its next verify.
         forwarded: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor] | None]] = {}
-        for group in prefill_groups([len(it.tokens) for it in items], self.rules.row_budget):
-            if len(items[group[0]].tokens) > self.rules.row_budget:  # a long prompt goes alone, in chunks
-                it = items[group[0]]
-                forwarded[group[0]] = self._forward_prompt(it.slot, it.tokens)
+        fresh = [len(it.tokens) - it.cached_len for it in items]
+        for group in prefill_groups(fresh, self.rules.row_budget):
+            if fresh[group[0]] > self.rules.row_budget:  # a long prompt goes alone, in chunks
+                forwarded[group[0]] = self._forward_prompt(items[group[0]])
             else:
                 forwarded.update(zip(group, self._forward_prompts([items[i] for i in group])))
         logits = []
         for i, it in enumerate(items):
             last, hidden = forwarded[i]
             logits.append(last)
-            self.cache.set_length(it.slot, len(it.tokens))
+            self.lengths[it.slot] = len(it.tokens)
             self.history[it.slot] = list(it.tokens)
+            self._drafts.pop(it.slot, None)
             if self.drafter is not None:
                 self.drafter.prefill(it.slot, list(it.tokens), self._joined(hidden))
         if self.rank != 0:
             return PrefillResult(next_tokens=[])
         stacked = torch.stack(logits)  # [n, V]
         return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items]))
+
+    def _check_prefill(self, items: list[PrefillItem]) -> None:
+        writer: dict[int, int] = {}  # block -> the item writing rows into it
+        for i, it in enumerate(items):
+            self._check_slot(it.slot)
+            if not it.tokens:
+                raise ShapeError("tokens non-empty", f"prefill of slot {it.slot} has no tokens")
+            if len(it.tokens) >= self.limits.max_model_len:
+                raise ShapeError("tokens < max_model_len", f"{len(it.tokens)} tokens for a context of {self.limits.max_model_len}")
+            if not 0 <= it.cached_len < len(it.tokens):
+                raise ShapeError("cached_len", f"slot {it.slot}: cached_len {it.cached_len} for {len(it.tokens)} tokens")
+            if it.cached_len and self.capture:
+                raise ShapeError("cached_len", "the rank-side drafter needs the target's rows of the whole prompt")
+            self._check_tokens(it.tokens)
+            self.rules.check_table(it.slot, list(it.blocks), len(it.tokens))
+            for block in it.blocks[it.cached_len // self.cache.block_size :]:
+                writer[block] = i
+        if len({it.slot for it in items}) != len(items):
+            raise ShapeError("slots distinct", "a prefill names a slot twice")
+        for i, it in enumerate(items):
+            if any(writer.get(block, i) != i for block in it.blocks):
+                raise ShapeError("blocks written", f"slot {it.slot}: this prefill writes a block of its table for another sequence")
 
     def verify(self, cmd: VerifyBatch) -> VerifyResult:
         return self.verify_begin(cmd)()
@@ -136,17 +158,17 @@ class ModelShard:
         self.rules.check(cmd)
         for slot, pos in zip(cmd.slots, cmd.start_pos):
             self._check_slot(slot)
-            if pos != self.cache.lengths[slot]:
-                raise ShapeError("start_pos", f"slot {slot}: start_pos {pos} but the shard holds {self.cache.lengths[slot]}")
-            if pos + cmd.k > self.cache.max_seq_len:
-                raise ShapeError("context", f"slot {slot}: {pos}+{cmd.k} rows exceed the context {self.cache.max_seq_len}")
+            if pos != self.lengths[slot]:
+                raise ShapeError("start_pos", f"slot {slot}: start_pos {pos} but the shard holds {self.lengths[slot]}")
+            if pos + cmd.k > self.limits.max_model_len:
+                raise ShapeError("context", f"slot {slot}: {pos}+{cmd.k} rows exceed the context {self.limits.max_model_len}")
         self._check_tokens(cmd.tokens)
         rows = torch.tensor(cmd.tokens, dtype=torch.long).view(cmd.n, cmd.k)  # on the host
         out = None
         if self.graphs is not None:
-            out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.slots), list(cmd.start_pos), self.capture)
+            out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.block_tables), list(cmd.start_pos), self.capture)
         if out is None:
-            out = self._forward(_to_device(rows, self.device), cmd.slots, cmd.start_pos)
+            out = self._forward(_to_device(rows, self.device), list(cmd.block_tables), cmd.start_pos)
         # one concatenation for the batch, not one a sequence at commit (queued, no sync)
         pending = self.pending = _Pending(cmd=cmd, feats=self._joined(out.hidden))
 
@@ -174,7 +196,7 @@ class ModelShard:
             return  # no rank advances: the rows stay past each slot's length, unused
         k = p.cmd.k
         for i, (slot, start, w) in enumerate(zip(p.cmd.slots, p.cmd.start_pos, verdict.words)):
-            self.cache.set_length(slot, start + w)
+            self.lengths[slot] = start + w
             self.history[slot].extend(p.cmd.tokens[i * k : i * k + w])  # host ids: no device read a sequence
             if self.drafter is not None:
                 self.drafter.commit(slot, start, w, None if p.feats is None else p.feats[i, :w])
@@ -193,8 +215,8 @@ class ModelShard:
             raise ShapeError("propose lengths", "slots, last_tokens, positions, num_drafts, sampling differ in length")
         for slot, pos in zip(cmd.slots, cmd.positions):
             self._check_slot(slot)
-            if pos != self.cache.lengths[slot]:
-                raise ShapeError("positions", f"slot {slot}: position {pos} but the shard holds {self.cache.lengths[slot]}")
+            if pos != self.lengths[slot]:
+                raise ShapeError("positions", f"slot {slot}: position {pos} but the shard holds {self.lengths[slot]}")
         self._check_tokens(cmd.last_tokens)
         drafts, q = self.drafter.propose(
             list(cmd.slots), [self.history[s] for s in cmd.slots], list(cmd.last_tokens), list(cmd.num_drafts), list(cmd.sampling)
@@ -206,7 +228,7 @@ class ModelShard:
     def release(self, slots: list[int]) -> None:
         for slot in slots:
             self._check_slot(slot)
-            self.cache.set_length(slot, 0)
+            self.lengths[slot] = 0
             self.history.pop(slot, None)
             self._drafts.pop(slot, None)
             if self.drafter is not None:
@@ -227,42 +249,45 @@ class ModelShard:
         return stored[1][: len(drafts)]
 
     def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.cache.num_slots:
-            raise ShapeError("slots in range", f"slot {slot} outside [0, {self.cache.num_slots})")
+        if not 0 <= slot < self.limits.num_slots:
+            raise ShapeError("slots in range", f"slot {slot} outside [0, {self.limits.num_slots})")
 
     def _check_tokens(self, tokens: list[int]) -> None:
         if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
             raise ShapeError("token ids", f"token ids must lie in [0, {self.vocab_size})")
 
-    def _forward(self, rows: torch.Tensor, slots: list[int], start_pos: list[int],
+    def _forward(self, rows: torch.Tensor, tables: list[list[int]], start_pos: list[int],
                  logit_rows: torch.Tensor | None = None):
+        # the tables padded with the scratch block: pad rows past a table write there
+        width = max(-(-(max(start_pos) + rows.shape[1]) // self.cache.block_size), max(len(t) for t in tables))
         return self.model(
             rows,
-            torch.tensor(slots, dtype=torch.long, device=self.device),
-            torch.tensor(start_pos, dtype=torch.long, device=self.device),
+            torch.tensor(start_pos, dtype=torch.int32, device=self.device),
             self.cache,
+            block_table_tensor(tables, width, self.cache.scratch_block, self.device),
             capture_layers=self.capture,
-            attn_len=max(start_pos) + rows.shape[1],
             logit_rows=logit_rows,
-            slot_start=consecutive_start(list(slots)),
         )
 
     def _forward_prompts(self, items: list[PrefillItem]) -> list[tuple[torch.Tensor, dict[int, torch.Tensor] | None]]:
-        """Prompts (each within the row budget) in ONE forward, padded at their end to the
-        longest: what _forward_prompt returns, for each. Pad rows write KV past their
-        slot's length, where the next verify writes before it reads (as a verify's do)."""
-        width = max(len(it.tokens) for it in items)
+        """Prompts (each within the row budget past its cached prefix) in ONE forward, padded
+        at their end to the longest: what _forward_prompt returns, for each. Pad rows write
+        KV past their sequence's length (its own last block, or the scratch block), where the
+        next verify writes before it reads (as a verify's do)."""
+        fresh = [len(it.tokens) - it.cached_len for it in items]
+        width = max(fresh)
         graphed = self._graphed_prompts(items, width) if self.graphs is not None else None
         if graphed is not None:
             return graphed
         rows = torch.zeros(len(items), width, dtype=torch.long)
         for i, it in enumerate(items):
-            rows[i, : len(it.tokens)] = torch.tensor(it.tokens, dtype=torch.long)
-        last_rows = torch.tensor([[len(it.tokens) - 1] for it in items], dtype=torch.long, device=self.device)
-        out = self._forward(rows.to(self.device), [it.slot for it in items], [0] * len(items), logit_rows=last_rows)
+            rows[i, : fresh[i]] = torch.tensor(it.tokens[it.cached_len :], dtype=torch.long)
+        last_rows = torch.tensor([[f - 1] for f in fresh], dtype=torch.long, device=self.device)
+        out = self._forward(rows.to(self.device), [list(it.blocks) for it in items], [it.cached_len for it in items],
+                            logit_rows=last_rows)
         return [
-            (out.logits[i, -1], {layer: h[i, : len(it.tokens)] for layer, h in out.hidden.items()} if self.capture else None)
-            for i, it in enumerate(items)
+            (out.logits[i, -1], {layer: h[i, : fresh[i]] for layer, h in out.hidden.items()} if self.capture else None)
+            for i in range(len(items))
         ]
 
     def _graphed_prompts(self, items: list[PrefillItem], width: int):
@@ -272,35 +297,36 @@ class ModelShard:
         52.7 ms eager, 4.4 graphed); None where the shape is not graphed. The outputs are
         copied out of the graph's buffers: the next run may replay the same graph."""
         k = next_pow2(width)
-        if k > self.cache.max_seq_len or k > self.graphs.max_rows:
+        if k > self.limits.max_model_len or k > self.graphs.max_rows:
             return None
         per = 1 << ((self.graphs.max_rows // k).bit_length() - 1)  # the most one graph takes
         results = []
         for at in range(0, len(items), per):
             run = items[at : at + per]
-            tokens = [t for it in run for t in list(it.tokens) + [0] * (k - len(it.tokens))]
-            out = self.graphs.forward(tokens, len(run), k, [it.slot for it in run], [0] * len(run), self.capture,
-                                      last_rows=[len(it.tokens) - 1 for it in run])
+            fresh = [len(it.tokens) - it.cached_len for it in run]
+            tokens = [t for it, f in zip(run, fresh) for t in list(it.tokens[it.cached_len :]) + [0] * (k - f)]
+            out = self.graphs.forward(tokens, len(run), k, [list(it.blocks) for it in run], [it.cached_len for it in run],
+                                      self.capture, last_rows=[f - 1 for f in fresh])
             if out is None:
                 return None  # all of them eagerly (rewriting the same KV)
             results += [
                 (out.logits[i, 0].clone(),
-                 {layer: h[i, : len(it.tokens)].clone() for layer, h in out.hidden.items()} if self.capture else None)
-                for i, it in enumerate(run)
+                 {layer: h[i, :f].clone() for layer, h in out.hidden.items()} if self.capture else None)
+                for i, f in enumerate(fresh)
             ]
         return results
 
-    def _forward_prompt(self, slot: int, tokens: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
-        """Write the tokens' KV into the slot in chunks of the row budget; return the logits
-        of the last row and the captured layers' rows ([len, H] each)."""
+    def _forward_prompt(self, it: PrefillItem) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+        """Write the tokens past the cached prefix into the KV in chunks of the row budget;
+        return the logits of the last row and the captured layers' rows ([len, H] each)."""
         chunk = self.rules.row_budget
         hidden: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.capture}
         last_logits = None
-        for start in range(0, len(tokens), chunk):
-            part = torch.tensor(tokens[start : start + chunk], dtype=torch.long, device=self.device)[None]
+        for start in range(it.cached_len, len(it.tokens), chunk):
+            part = torch.tensor(it.tokens[start : start + chunk], dtype=torch.long, device=self.device)[None]
             # the LM head on the chunk's last row only: a prompt's other rows need no logits
             last_row = torch.full((1, 1), part.shape[1] - 1, dtype=torch.long, device=self.device)
-            out = self._forward(part, [slot], [start], logit_rows=last_row)
+            out = self._forward(part, [list(it.blocks)], [start], logit_rows=last_row)
             last_logits = out.logits[0, -1]
             for layer in self.capture:
                 hidden[layer].append(out.hidden[layer][0])

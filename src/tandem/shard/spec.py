@@ -23,7 +23,7 @@ class ShardSpec:
     dtype: str = _engine_default("dtype")
     device: str = _engine_default("device")
     num_slots: int = _engine_default("max_num_seqs")
-    max_seq_len: int = _engine_default("max_seq_len")
+    max_model_len: int | None = _engine_default("max_model_len")
     row_budget: int = _engine_default("row_budget")
     drafter: str = "none"  # the drafter on rank 0: one that runs on a rank (drafters.registry), or none
     draft_model: str | None = _engine_default("draft_model")
@@ -32,3 +32,6 @@ class ShardSpec:
     cuda_graphs: bool = _engine_default("cuda_graphs")
     dflash_cuda_graphs: bool = _engine_default("dflash_cuda_graphs")
     dflash_dtype: str | None = _engine_default("dflash_dtype")
+    block_size: int = _engine_default("block_size")
+    kv_cache_memory_gb: float | None = _engine_default("kv_cache_memory_gb")
+    gpu_memory_utilization: float = _engine_default("gpu_memory_utilization")

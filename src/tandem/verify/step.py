@@ -1,11 +1,13 @@
 """One batched verify, as the seed's step_verify_dflash_batched does it:
 
+  0. KV blocks for every row (the scheduler preempts the newest sequences when the pool
+     runs dry);
   1. send the n*k rows to the target in ONE forward;
   2. verdicts for every sequence first (before any emit);
   3. commit: the verdict words go to every rank, which rewind each KV to
-     pre_verify_len + accepted + 1 (a group may read the acknowledgements later:
-     the batch goes to `on_committed`, whose owner, tandem.release, settles them
-     before the tick's outputs leave);
+     pre_verify_len + accepted + 1, and the blocks past it go back to the pool (a group
+     may read the acknowledgements later: the batch goes to `on_committed`, whose owner,
+     tandem.release, settles them before the tick's outputs leave);
   4. emit the accepted drafts, then the bonus token, nothing past a stop;
   5. adapt, then propose the next drafts (batched, per-sequence fallback).
 
@@ -54,9 +56,17 @@ class StepContext:
     # told of each verdict sent (batch id, its sequences): their outputs wait for every
     # rank's acknowledgement (tandem.release.OutputRelease.committed)
     on_committed: Callable[[int, list[Sequence]], None] = lambda batch_id, batch: None
+    # the KV blocks (tandem.scheduler): room for a batch's rows (the batch less the
+    # sequences preempted for it), a sequence's block table, and its KV committed
+    make_room: Callable[[list[Sequence], int], list[Sequence]] = lambda batch, rows: batch
+    block_table: Callable[[Sequence], list[int]] = lambda seq: []
+    kv_committed: Callable[[Sequence], None] = lambda seq: None
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
+    batch = ctx.make_room(batch, batch_width(batch, ctx.adaptive.block) + 1)
+    if not batch:
+        return
     n, g = len(batch), batch_width(batch, ctx.adaptive.block)
     k = g + 1
     drafts = [s.drafts for s in batch]
@@ -70,6 +80,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
         start_pos=[s.kv_len for s in batch],
         tokens=[t for s, d in zip(batch, drafts) for t in padded_rows(s.last_token, d, k)],
         sampling=[s.sampling for s in batch],
+        block_tables=[ctx.block_table(s) for s in batch],
     )
     t0 = ctx.clock.now()
     res = _forward(cmd, batch, drafts, ctx)
@@ -90,6 +101,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     for i, s in enumerate(batch):
         s.verify_failures = 0
         emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx)
+        ctx.kv_committed(s)  # the rows past its new length go back to the pool
     ctx.metrics.record_verify([len(d) for d in drafts], accepted)
 
     t1 = ctx.clock.now()

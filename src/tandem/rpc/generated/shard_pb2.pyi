@@ -12,12 +12,12 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("model", "dtype", "device", "num_slots", "max_seq_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens", "dflash_checkpoint", "cuda_graphs", "dflash_cuda_graphs", "dflash_dtype")
+    __slots__ = ("model", "dtype", "device", "num_slots", "max_model_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens", "dflash_checkpoint", "cuda_graphs", "dflash_cuda_graphs", "dflash_dtype", "block_size", "kv_cache_memory_gb", "gpu_memory_utilization")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
-    MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     ROW_BUDGET_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -26,11 +26,14 @@ class ShardSpec(_message.Message):
     CUDA_GRAPHS_FIELD_NUMBER: _ClassVar[int]
     DFLASH_CUDA_GRAPHS_FIELD_NUMBER: _ClassVar[int]
     DFLASH_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     device: str
     num_slots: int
-    max_seq_len: int
+    max_model_len: int
     row_budget: int
     drafter: str
     draft_model: str
@@ -39,7 +42,10 @@ class ShardSpec(_message.Message):
     cuda_graphs: bool
     dflash_cuda_graphs: bool
     dflash_dtype: str
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., dflash_checkpoint: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., dflash_cuda_graphs: _Optional[bool] = ..., dflash_dtype: _Optional[str] = ...) -> None: ...
+    block_size: int
+    kv_cache_memory_gb: float
+    gpu_memory_utilization: float
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_model_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., dflash_checkpoint: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., dflash_cuda_graphs: _Optional[bool] = ..., dflash_dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., kv_cache_memory_gb: _Optional[float] = ..., gpu_memory_utilization: _Optional[float] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("spec", "rank", "world_size", "collective_address", "collective_timeout_s", "backend")
@@ -58,22 +64,26 @@ class InitRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., collective_address: _Optional[str] = ..., collective_timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class ShardLimits(_message.Message):
-    __slots__ = ("num_slots", "max_seq_len", "row_budget", "vocab_size", "world_size", "drafter", "propose_batch_max")
+    __slots__ = ("num_slots", "max_model_len", "row_budget", "vocab_size", "world_size", "drafter", "propose_batch_max", "num_blocks", "block_size")
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
-    MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     ROW_BUDGET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     PROPOSE_BATCH_MAX_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     num_slots: int
-    max_seq_len: int
+    max_model_len: int
     row_budget: int
     vocab_size: int
     world_size: int
     drafter: str
     propose_batch_max: int
-    def __init__(self, num_slots: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., vocab_size: _Optional[int] = ..., world_size: _Optional[int] = ..., drafter: _Optional[str] = ..., propose_batch_max: _Optional[int] = ...) -> None: ...
+    num_blocks: int
+    block_size: int
+    def __init__(self, num_slots: _Optional[int] = ..., max_model_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., vocab_size: _Optional[int] = ..., world_size: _Optional[int] = ..., drafter: _Optional[str] = ..., propose_batch_max: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class DrafterInfo(_message.Message):
     __slots__ = ("kind", "source", "max_drafts")
@@ -112,14 +122,18 @@ class SamplingSpec(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class PrefillItem(_message.Message):
-    __slots__ = ("slot", "tokens", "sampling")
+    __slots__ = ("slot", "tokens", "sampling", "blocks", "cached_len")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     slot: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingSpec
-    def __init__(self, slot: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ...) -> None: ...
+    blocks: _containers.RepeatedScalarFieldContainer[int]
+    cached_len: int
+    def __init__(self, slot: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ..., cached_len: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("items",)
@@ -168,7 +182,7 @@ class CommandReply(_message.Message):
     def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., prefill: _Optional[_Union[PrefillResult, _Mapping]] = ..., verify: _Optional[_Union[VerifyResult, _Mapping]] = ..., done: _Optional[_Union[Empty, _Mapping]] = ..., propose: _Optional[_Union[ProposeResult, _Mapping]] = ...) -> None: ...
 
 class VerifyBatch(_message.Message):
-    __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling")
+    __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling", "blocks", "block_counts")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +190,8 @@ class VerifyBatch(_message.Message):
     START_POS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_COUNTS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     n: int
     k: int
@@ -183,7 +199,9 @@ class VerifyBatch(_message.Message):
     start_pos: _containers.RepeatedScalarFieldContainer[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: _containers.RepeatedCompositeFieldContainer[SamplingSpec]
-    def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ...) -> None: ...
+    blocks: _containers.RepeatedScalarFieldContainer[int]
+    block_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ..., blocks: _Optional[_Iterable[int]] = ..., block_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("batch_id", "picks", "accept_probs")
