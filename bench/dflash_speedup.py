@@ -141,7 +141,8 @@ def synthetic_shard(drafter: str, slots: int, device: str, dtype, layers: int = 
                           intermediate_size=1024, vocab_size=49152, target_layer_ids=(1, 8, 15, 22, 29), block_size=8,
                           mask_token_id=16, num_target_layers=30, rope_theta=100000.0)
         model = DFlashDraftModel(dc).init_weights(0).to(device, dtype).eval().requires_grad_(False)
-        dr = DFlashDrafter(model, target, num_slots=slots, max_seq_len=1024, cuda_graphs=None if drafter == "dflash" else False)
+        dr = DFlashDrafter(model, target, num_slots=slots, num_blocks=cache.num_blocks, block_size=block_size,
+                           max_seq_len=1024, cuda_graphs=None if drafter == "dflash" else False)
     return ModelShard(target, cache, num_slots=slots, max_model_len=1024, row_budget=max(256, slots * 16),
                       vocab_size=49152, drafter=dr)
 

@@ -54,7 +54,7 @@ def build_shard():
     blocks = SLOTS * -(-CONTEXT // BLOCK)  # every slot's whole context (Rounds.tables)
     cache = PagedKVCache(cfg.num_layers, blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim, dtype, dev, scratch_blocks=1)
     draft = load_dflash_checkpoint(shipped_checkpoint("smollm2"), dtype=dtype, device=dev)
-    drafter = DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT)
+    drafter = DFlashDrafter(draft, target, num_slots=SLOTS, num_blocks=blocks, block_size=BLOCK, max_seq_len=CONTEXT)
     return ModelShard(target, cache, num_slots=SLOTS, max_model_len=CONTEXT, row_budget=512, vocab_size=cfg.vocab_size,
                       drafter=drafter, graphs=VerifyGraphs(target, cache, CONTEXT))
 

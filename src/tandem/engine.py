@@ -23,7 +23,6 @@ from tandem.config import EngineConfig
 from tandem.detokenizer import Detokenizer
 from tandem.draft_cap import DraftCapPolicy
 from tandem.drafters.factory import build_drafter
-from tandem.drafters.registry import drafter_kind
 from tandem.due_outputs import DueOutput
 from tandem.errors import InvalidRequestError, ShapeError, ShardError
 from tandem.intake import Admission, Request, RequestIntake
@@ -64,8 +63,7 @@ class Engine:
         self.metrics = metrics or EngineMetrics()
         limits = group.limits
         drafter = build_drafter(self.config, group)
-        # DFlash drafts from the target's rows of the whole context: a cached prefix has none
-        prefix_caching = self.config.enable_prefix_caching and not drafter_kind(self.config.drafter).checkpoint
+        prefix_caching = self.config.enable_prefix_caching
         kv = KVBlockManager(limits.num_blocks, limits.block_size, prefix_caching=prefix_caching)
         self.scheduler = Scheduler(limits.num_slots, limits.row_budget, kv)
         log.info("KV pool: %d blocks of %d tokens (%d tokens), max_model_len %d, prefix caching %s",

@@ -52,7 +52,8 @@ def tiny_shard(target: LlamaForCausalLM, draft: DFlashDraftModel | None, cuda_gr
     dtype = next(target.parameters()).dtype
     cache = PagedKVCache(TARGET.num_layers, pool_blocks(SLOTS), BLOCK, TARGET.num_kv_heads, TARGET.head_dim, dtype, device,
                          scratch_blocks=1)
-    drafter = (DFlashDrafter(draft, target, num_slots=SLOTS, max_seq_len=CONTEXT, cuda_graphs=cuda_graphs)
+    drafter = (DFlashDrafter(draft, target, num_slots=SLOTS, num_blocks=pool_blocks(SLOTS), block_size=BLOCK,
+                              max_seq_len=CONTEXT, cuda_graphs=cuda_graphs)
                if draft is not None else None)
     graphs = VerifyGraphs(target, cache, CONTEXT, capture=device.type == "cuda") if target_graphs else None
     return ModelShard(target, cache, num_slots=SLOTS, max_model_len=CONTEXT, row_budget=ROW_BUDGET, vocab_size=VOCAB,

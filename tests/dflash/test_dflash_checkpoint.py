@@ -107,7 +107,7 @@ def test_a_zlab_layout_checkpoint_loads_with_its_config_keys_and_tensors(tmp_pat
 def test_a_zlab_checkpoint_drafts_in_the_engine_through_the_shard_spec(tmp_path, target):
     folder = write_checkpoint(tmp_path / "zlab", zlab_config(), zlab_tensors())
     spec = ShardSpec(dflash_checkpoint=folder, num_slots=4, max_model_len=128)
-    drafter = build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32)
+    drafter = build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32, num_blocks=64)
     assert drafter.capture_layers == (1, 3) and drafter.block_size == 5
     shard = tiny_shard(target, None)
     shard.drafter, shard.capture = drafter, drafter.capture_layers
@@ -143,13 +143,13 @@ def test_a_checkpoint_for_another_target_is_refused(tmp_path, target):
     folder = write_checkpoint(tmp_path / "other", zlab_config(num_target_layers=36), zlab_tensors())
     spec = ShardSpec(dflash_checkpoint=folder, num_slots=2, max_model_len=64)
     with pytest.raises(ValueError, match="36-layer target"):
-        build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32)
+        build_dflash_drafter(spec, fake_loaded(target), device="cpu", dtype=torch.float32, num_blocks=64)
 
 
 def test_no_shipped_weights_for_an_unknown_target_says_what_to_pass(target):
     spec = ShardSpec(dflash_checkpoint=None, num_slots=2, max_model_len=64)
     with pytest.raises(ValueError, match="dflash_checkpoint"):
-        build_dflash_drafter(spec, fake_loaded(target, name="tiny"), device="cpu", dtype=torch.float32)
+        build_dflash_drafter(spec, fake_loaded(target, name="tiny"), device="cpu", dtype=torch.float32, num_blocks=64)
 
 
 def test_save_then_load_keeps_the_drafts(tmp_path, target):

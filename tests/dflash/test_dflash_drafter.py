@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dflash_tiny import SLOTS, VOCAB, random_dflash, random_prompts, tiny_shard
-from slot_blocks import BLOCK, prefill_item, verify_batch
+from slot_blocks import BLOCK, pool_blocks, prefill_item, verify_batch
 from tandem.model.kv_cache import fixed_tables
 from tandem.shard.commands import GREEDY, ProposeBatch, SamplingSpec, Verdict
 from tandem.verify.accept import accepted_prefix
@@ -168,7 +168,7 @@ def test_a_drafter_of_a_different_width_than_the_target_is_refused(target, slots
     bad = DFlashConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=16, intermediate_size=32,
                        vocab_size=VOCAB, target_layer_ids=(1,), block_size=4, mask_token_id=0)
     with pytest.raises(ValueError, match="hidden_size"):
-        DFlashDrafter(DFlashDraftModel(bad), target, num_slots=len(slots), max_seq_len=32)
+        DFlashDrafter(DFlashDraftModel(bad), target, num_slots=len(slots), num_blocks=8, block_size=16, max_seq_len=32)
 
 
 @pytest.mark.gpu
@@ -179,12 +179,12 @@ def test_on_a_gpu_in_bf16_the_batched_propose_matches_one_at_a_time(target, draf
     gpu_target = copy.deepcopy(target).to("cuda", torch.bfloat16)
     gpu_draft = copy.deepcopy(draft).to("cuda", torch.bfloat16)
     from dflash_tiny import CONTEXT, ROW_BUDGET
-    from slot_blocks import pool_blocks
     from tandem.drafters.dflash import DFlashDrafter
     from tandem.shard.model_shard import ModelShard
 
     cache = gpu_target.new_cache(pool_blocks(SLOTS), BLOCK)
-    drafter = DFlashDrafter(gpu_draft, gpu_target, num_slots=SLOTS, max_seq_len=CONTEXT)
+    drafter = DFlashDrafter(gpu_draft, gpu_target, num_slots=SLOTS, num_blocks=pool_blocks(SLOTS), block_size=BLOCK,
+                            max_seq_len=CONTEXT)
     shard = ModelShard(gpu_target, cache, num_slots=SLOTS, max_model_len=CONTEXT, row_budget=ROW_BUDGET, vocab_size=VOCAB,
                        drafter=drafter)
     prompts = random_prompts(6, seed=14)
@@ -213,12 +213,14 @@ def test_the_padded_graph_shapes_draft_what_the_exact_shapes_draft(target, draft
     slots = list(range(batch))
     assert propose(padded, slots, last2, 5) == propose(eager, slots, last1, 5)
     assert padded.drafter.graphs, "no padded runner was used"
-    # the scratch slot took the padding rows; no real slot past its length was written
+    # the scratch block took the padding rows; no real slot past its length was written
     for s in slots:
-        n = padded.drafter.written[s]
+        n, table = padded.drafter.written[s], padded.drafter.tables[s]
         for k1, k2 in zip(eager.drafter.ctx_k, padded.drafter.ctx_k):
-            assert torch.allclose(k1[s, :, :n], k2[s, :, :n], atol=1e-6)
-            assert not k2[s, :, n:].any(), f"slot {s} written past its {n} rows"
+            rows1 = k1[table].transpose(0, 1).flatten(1, 2)  # [hkv, positions of the table, d]
+            rows2 = k2[table].transpose(0, 1).flatten(1, 2)
+            assert torch.allclose(rows1[:, :n], rows2[:, :n], atol=1e-5)  # flushes grouped differently round differently
+            assert not rows2[:, n:].any(), f"slot {s} written past its {n} rows"
 
 
 def test_the_block_launched_at_commit_drafts_what_a_fresh_propose_drafts_for_any_subset(target, draft, monkeypatch):

@@ -56,8 +56,11 @@ class DraftModelDrafter:
         self._forward([[0]], [0], [0])
         self.blocks.shrink(0, 0)
 
+    def set_table(self, slot: int, table: list[int]) -> None:
+        pass  # its KV lies in a pool of its own (SlotBlocks)
+
     @torch.inference_mode()
-    def prefill(self, slot: int, tokens: list[int], feats=None) -> None:
+    def prefill(self, slot: int, tokens: list[int], feats=None, cached_len: int = 0) -> None:
         """Lazy (the first propose catches up), except for a sequence that runs alone: it
         will draft, and its one-off catch-up inside a propose would be read by the batch
         rule as the cost of every draft step (it prices drafting per step), turning a

@@ -53,7 +53,7 @@ def build_rank_drafter(spec, target, *, device, dtype, progress: bool = True, dr
     if kind.checkpoint is not None:
         from tandem.drafters.dflash import build_dflash_drafter
 
-        return build_dflash_drafter(spec, target, device=device, dtype=dtype)
+        return build_dflash_drafter(spec, target, device=device, dtype=dtype, num_blocks=num_blocks)
     from tandem.drafters.draft_model import DraftModelDrafter
     from tandem.model.kv_cache import PagedKVCache
 

@@ -21,9 +21,16 @@ class RankDrafter(Protocol):
     # Most sequences one batched propose takes.
     propose_batch_max: int
 
-    def prefill(self, slot: int, tokens: list[int], feats: torch.Tensor | None) -> None:
-        """A sequence's known tokens, and the target's captured rows for them: the capture_layers'
-        outputs side by side in that order, [len, len(capture_layers) * H] (None without captures)."""
+    def set_table(self, slot: int, table: list[int]) -> None:
+        """The slot's block table in the target's pool, as the command at hand carries it (a
+        drafter whose context follows the target's layout keeps it; others ignore it)."""
+        ...
+
+    def prefill(self, slot: int, tokens: list[int], feats: torch.Tensor | None, cached_len: int = 0) -> None:
+        """A sequence's known tokens, and the target's captured rows for tokens[cached_len:]:
+        the capture_layers' outputs side by side in that order, [len - cached_len,
+        len(capture_layers) * H] (None without captures). The first cached_len positions are
+        a prefix whose blocks the prefix cache shared: the target computed nothing there."""
         ...
 
     def propose(

@@ -18,6 +18,7 @@ log = logging.getLogger("tandem.shard")
 
 CPU_DEFAULT_GB = 2.0
 MAX_POOL_PER_SLOT_CONTEXT = 4
+MIN_POOL_CAP = 1 << 14  # blocks: the cap never binds a small config below this
 GIB = 1 << 30
 
 
@@ -56,7 +57,7 @@ def pool_size(spec, model_context: int, bytes_per_block: int, device: torch.devi
     context = spec.max_model_len or model_context
     # more blocks than every slot at its whole context several times over only hold old
     # prefixes (and a small model on a large GPU would get tens of millions of them)
-    most = MAX_POOL_PER_SLOT_CONTEXT * spec.num_slots * -(-context // spec.block_size)
+    most = max(MAX_POOL_PER_SLOT_CONTEXT * spec.num_slots * -(-context // spec.block_size), MIN_POOL_CAP)
     num_blocks = min(budget // bytes_per_block, most)
     if num_blocks < 1:
         raise InvalidRequestError("kv_cache_memory_gb", f"{budget} bytes hold no KV block of {bytes_per_block} bytes")

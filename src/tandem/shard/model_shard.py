@@ -114,7 +114,8 @@ class ModelShard:
             self.history[it.slot] = list(it.tokens)
             self._drafts.pop(it.slot, None)
             if self.drafter is not None:
-                self.drafter.prefill(it.slot, list(it.tokens), self._joined(hidden))
+                self.drafter.set_table(it.slot, list(it.blocks))
+                self.drafter.prefill(it.slot, list(it.tokens), self._joined(hidden), it.cached_len)
         if self.rank != 0:
             return PrefillResult(next_tokens=[])
         stacked = torch.stack(logits)  # [n, V]
@@ -130,8 +131,6 @@ class ModelShard:
                 raise ShapeError("tokens < max_model_len", f"{len(it.tokens)} tokens for a context of {self.limits.max_model_len}")
             if not 0 <= it.cached_len < len(it.tokens):
                 raise ShapeError("cached_len", f"slot {it.slot}: cached_len {it.cached_len} for {len(it.tokens)} tokens")
-            if it.cached_len and self.capture:
-                raise ShapeError("cached_len", "the rank-side drafter needs the target's rows of the whole prompt")
             self._check_tokens(it.tokens)
             self.rules.check_table(it.slot, list(it.blocks), len(it.tokens))
             for block in it.blocks[it.cached_len // self.cache.block_size :]:
@@ -197,6 +196,8 @@ class ModelShard:
         k = p.cmd.k
         for i, (slot, start, w) in enumerate(zip(p.cmd.slots, p.cmd.start_pos, verdict.words)):
             self.lengths[slot] = start + w
+            if self.drafter is not None:
+                self.drafter.set_table(slot, p.cmd.block_tables[i])
             self.history[slot].extend(p.cmd.tokens[i * k : i * k + w])  # host ids: no device read a sequence
             if self.drafter is not None:
                 self.drafter.commit(slot, start, w, None if p.feats is None else p.feats[i, :w])

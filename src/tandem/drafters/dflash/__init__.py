@@ -55,10 +55,7 @@ def dflash_dtype(device, dtype: torch.dtype, forced: str | None = None) -> torch
     return dtype
 
 
-DFLASH_MAX_CONTEXT = 4096
-
-
-def build_dflash_drafter(spec, target, *, device, dtype) -> DFlashDrafter:
+def build_dflash_drafter(spec, target, *, device, dtype, num_blocks: int) -> DFlashDrafter:
     """The DFlash drafter of a ShardSpec beside the loaded target (a LoadedModel):
     spec.dflash_checkpoint, or the weights shipped for the target when that is None."""
     folder = spec.dflash_checkpoint or shipped_checkpoint(target.name)
@@ -67,9 +64,9 @@ def build_dflash_drafter(spec, target, *, device, dtype) -> DFlashDrafter:
     if trained_for and trained_for != target.name:
         log.warning("DFlash checkpoint %s was trained for %r, the target is %r: expect few accepted drafts",
                     folder, trained_for, target.name)
-    # its context is still a slot per sequence: capped, so a long max_model_len does not
-    # reserve it for every slot (a longer sequence goes on without drafts)
-    drafter = DFlashDrafter(model, target.model, num_slots=spec.num_slots, max_seq_len=min(spec.max_model_len, DFLASH_MAX_CONTEXT),
+    # its context lies in blocks of the target's pool's layout (num_blocks of the rank's pool)
+    drafter = DFlashDrafter(model, target.model, num_slots=spec.num_slots, num_blocks=num_blocks,
+                            block_size=spec.block_size, max_seq_len=spec.max_model_len,
                             cuda_graphs=None if spec.dflash_cuda_graphs else False)
     drafter.checkpoint = os.path.abspath(folder)  # what the shard reports it loaded
     return drafter

@@ -3,9 +3,14 @@ hidden states, for a whole batch in one drafter forward.
 
 Per slot it knows the target's captured rows (the `target_layer_ids` layers,
 concatenated) for positions 0..P-1, P = the slot's KV length, and turns them into
-context keys/values of its own layers, kept in a slotted cache like the target's KV:
+context keys/values of its own layers, kept in blocks laid out like the target's KV: the
+same block ids (each rank-side command carries the sequence's block table), so a block
+the prefix cache shares holds the drafter's context of its positions too. A sequence
+whose prompt starts with cached blocks gets the target's rows of the rest only. Every
+slot's pending rows are written out before such a prefill, and a slot's before it is
+released, so a shared block never lacks them:
 
-  prefill  the prompt's rows            -> pending (features of positions 0..len-1)
+  prefill  the prompt's rows past its cached prefix -> pending (positions cached..len-1)
   commit   the kept rows of a verify    -> pending (positions start..start+rows-1);
            rows past them (rejected) are dropped first: a commit at `start` trims
            whatever the slot held from `start` on
@@ -55,8 +60,8 @@ class DFlashDrafter:
     name = "dflash"
     checkpoint: str | None = None  # the folder its weights came from (build_dflash_drafter sets it)
 
-    def __init__(self, model: DFlashDraftModel, target: torch.nn.Module, *, num_slots: int, max_seq_len: int,
-                 propose_batch_max: int = 64, cuda_graphs: bool | None = None):
+    def __init__(self, model: DFlashDraftModel, target: torch.nn.Module, *, num_slots: int, num_blocks: int,
+                 block_size: int, max_seq_len: int, propose_batch_max: int = 64, cuda_graphs: bool | None = None):
         c = model.config
         tc = target.config
         if c.hidden_size != tc.hidden_size:
@@ -76,9 +81,11 @@ class DFlashDrafter:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.num_slots, self.max_seq_len = num_slots, max_seq_len
-        # ctx_k[layer], ctx_v[layer]: [slots + 1, hkv, max_seq_len, d]; valid below written[slot];
-        # the last slot is scratch: the padding rows of a captured flush write there
-        shape = (num_slots + 1, c.num_kv_heads, max_seq_len, c.head_dim)
+        # ctx_k[layer], ctx_v[layer]: [blocks + 1, hkv, kv_block, d], position t of a slot at
+        # block tables[slot][t // kv_block]; valid below written[slot]. The last block is
+        # scratch: padding rows and table entries name it
+        self.kv_block, self.scratch = block_size, num_blocks
+        shape = (num_blocks + 1, c.num_kv_heads, block_size, c.head_dim)
         # the LM head rows drafts may come from: all, or the checkpoint's draft vocabulary
         vocab = getattr(model, "draft_vocab", None)
         self.draft_vocab = vocab.to(self.device) if vocab is not None else None
@@ -103,15 +110,27 @@ class DFlashDrafter:
         self.written = [0] * num_slots  # context positions in the cache
         self.length = [0] * num_slots  # positions whose target rows are known (written + pending)
         self.pending: dict[int, list[tuple[int, torch.Tensor]]] = {}  # slot -> [(start, feats [r, nL*H])]
+        self.tables: dict[int, list[int]] = {}  # slot -> its block table, as the last command gave it
         # A block forward launched at commit for the next propose: slot -> (its row, start,
         # last token), and the outputs (logits, picks). Any change of a slot drops it.
         self._ready: tuple[dict[int, tuple[int, int, int]], torch.Tensor, torch.Tensor] | None = None
 
     # ---- RankDrafter --------------------------------------------------------------------
 
-    def prefill(self, slot: int, tokens: list[int], feats: torch.Tensor | None) -> None:
+    def set_table(self, slot: int, table: list[int]) -> None:
+        self.tables[slot] = list(table)
+
+    def prefill(self, slot: int, tokens: list[int], feats: torch.Tensor | None, cached_len: int = 0) -> None:
+        table = self.tables.get(slot)  # set for this prefill (set_table)
+        self.pending.pop(slot, None)  # rows of a sequence the slot held before are not this one's
         self.release(slot)
-        self._append(slot, 0, len(tokens), feats)
+        if table is not None:
+            self.tables[slot] = table
+        if cached_len:
+            # the shared blocks' context: every slot's pending rows written out first
+            self._flush(list(self.pending))
+        self.written[slot] = self.length[slot] = cached_len
+        self._append(slot, cached_len, len(tokens) - cached_len, feats)
 
     def commit(self, slot: int, start_pos: int, rows: int, feats: torch.Tensor | None) -> None:
         self._append(slot, start_pos, rows, feats)
@@ -137,10 +156,15 @@ class DFlashDrafter:
         self._ready = ({s: (i, p, t) for i, (s, p, t) in enumerate(zip(slots, starts, last_tokens))}, logits, picks)
 
     def release(self, slot: int) -> None:
+        """Forget the slot; its pending rows are written out first: the prefix cache may
+        hand its full blocks to a later sequence."""
         self._ready = None
+        if self.pending.get(slot) and slot in self.tables:
+            self._flush([slot])
         self.written[slot] = 0
         self.length[slot] = 0
         self.pending.pop(slot, None)
+        self.tables.pop(slot, None)
 
     @torch.inference_mode()
     def propose(
@@ -204,34 +228,48 @@ class DFlashDrafter:
         block i at position starts[i] after the context 0..starts[i]-1."""
         n, ctx_len = len(slots), max(starts)
         if self.graphs is None or n > self.propose_batch_max or ctx_len > self.max_seq_len:
-            # one host->device copy: P (the last token's position), the last token, the slot
-            starts_t, last_t, slot_t = torch.tensor([starts, last_tokens, slots], dtype=torch.long, device=self.device)
-            return self._block_forward(starts_t, last_t, slot_t, ctx_len)
+            # one host->device copy: P (the last token's position), the last token, the table
+            width = max(1, -(-ctx_len // self.kv_block))
+            host = torch.tensor([[p, t] + self._table_row(s, width) for s, p, t in zip(slots, starts, last_tokens)],
+                                dtype=torch.long, device=self.device)
+            return self._block_forward(host[:, 0], host[:, 1], host[:, 2:], width * self.kv_block)
         nb = min(next_pow2(n), next_pow2(self.propose_batch_max))
         cb = min(self.max_seq_len, -(-max(1, ctx_len) // CTX_BUCKET) * CTX_BUCKET)
-        pad = nb - n  # padding rows: slot 0 with no context (their outputs are ignored)
-        host = torch.tensor([starts + [0] * pad, last_tokens + [0] * pad, slots + [0] * pad], dtype=torch.long)
+        width = -(-cb // self.kv_block)
+        pad = nb - n  # padding rows: no context, the scratch block (their outputs are ignored)
+        host = torch.tensor([[p, t] + self._table_row(s, width) for s, p, t in zip(slots, starts, last_tokens)]
+                            + [[0, 0] + [self.scratch] * width] * pad, dtype=torch.long)
         key = ("block", nb, cb)
         runner = self.graphs.get(key)
         if runner is None:
-            inputs = torch.zeros(3, nb, dtype=torch.long, device=self.device)
-            runner = self.graphs[key] = CapturedGraph(lambda: self._block_forward(inputs[0], inputs[1], inputs[2], cb),
-                                               inputs, self._pool, self._capture)
+            inputs = torch.zeros(nb, 2 + width, dtype=torch.long, device=self.device)
+            inputs[:, 2:] = self.scratch
+            runner = self.graphs[key] = CapturedGraph(
+                lambda: self._block_forward(inputs[:, 0], inputs[:, 1], inputs[:, 2:], width * self.kv_block),
+                inputs, self._pool, self._capture)
         logits, picks = runner.run(host)
         return logits[:n], picks[:n]
 
-    def _block_forward(self, starts: torch.Tensor, last_t: torch.Tensor, slot_t: torch.Tensor,
+    def _table_row(self, slot: int, width: int) -> list[int]:
+        """The slot's first `width` table entries, padded with the scratch block."""
+        table = self.tables.get(slot, [])[:width]
+        return table + [self.scratch] * (width - len(table))
+
+    def _block_forward(self, starts: torch.Tensor, last_t: torch.Tensor, tables_t: torch.Tensor,
                        ctx_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """starts, last_t, slot_t: [n] on the device; the context read is 0..ctx_len-1 (>= every
-        start; positions at or past a row's start are masked). No host sync: capturable."""
+        """starts, last_t: [n] on the device, tables_t [n, ctx_len / kv_block]; the context read
+        is 0..ctx_len-1 (>= every start; positions at or past a row's start are masked), its
+        blocks gathered (the drafter's context is a few layers: small). No host sync: capturable."""
         c = self.model.config
         B = self.block_size
         dev = self.device
         n = starts.shape[0]
         block = torch.cat([last_t[:, None], self._mask_ids[None].expand(n, B - 1)], dim=1)  # [n, B]
         positions = starts[:, None] + self._block_offsets  # [n, B]
-        ctx_k = [k[slot_t, :, :ctx_len] for k in self.ctx_k]  # [n, hkv, C, d]
-        ctx_v = [v[slot_t, :, :ctx_len] for v in self.ctx_v]
+        hkv, d = c.num_kv_heads, c.head_dim
+        # [n, W, hkv, kv_block, d] -> [n, hkv, W * kv_block, d]
+        ctx_k = [k[tables_t].transpose(1, 2).reshape(n, hkv, ctx_len, d) for k in self.ctx_k]
+        ctx_v = [v[tables_t].transpose(1, 2).reshape(n, hkv, ctx_len, d) for v in self.ctx_v]
         ctx_ok = torch.arange(ctx_len, device=dev)[None, :] < starts[:, None]  # [n, C]
         mask = torch.cat([ctx_ok[:, None, :].expand(n, B, ctx_len), torch.ones(n, B, B, dtype=torch.bool, device=dev)], dim=-1)
         x = self.target.embed(block)  # [n, B, H]
@@ -269,36 +307,39 @@ class DFlashDrafter:
     @torch.inference_mode()  # also called from commit, outside the propose's inference mode
     def _flush(self, slots: list[int]) -> None:
         """All pending rows of `slots` -> context keys/values, in one flat pass."""
-        feats, pos, owner = [], [], []
+        feats, pos, block = [], [], []
         for slot in slots:
+            table = self.tables.get(slot, [])
             for start, f in self.pending.pop(slot, []):
                 feats.append(f)
                 pos.extend(range(start, start + f.shape[0]))
-                owner.extend([slot] * f.shape[0])
+                block.extend(table[t // self.kv_block] for t in range(start, start + f.shape[0]))
             self.written[slot] = self.length[slot]
         if not feats:
             return
         rows = len(pos)
+        offset = [t % self.kv_block for t in pos]
         if self.graphs is None or rows > FLUSH_MAX_ROWS:
-            idx = torch.tensor([pos, owner], dtype=torch.long, device=self.device)
-            self._flush_forward(torch.cat(feats), idx[0], idx[1])
+            idx = torch.tensor([pos, block, offset], dtype=torch.long, device=self.device)
+            self._flush_forward(torch.cat(feats), idx[0], idx[1], idx[2])
             return
         rb = max(8, next_pow2(rows))
         key = ("flush", rb)
         runner = self.graphs.get(key)
         if runner is None:
-            inputs = torch.zeros(2, rb, dtype=torch.long, device=self.device)
-            inputs[1] = self.num_slots  # the warm-up runs write only the scratch slot
+            inputs = torch.zeros(3, rb, dtype=torch.long, device=self.device)
+            inputs[1] = self.scratch  # the warm-up runs write only the scratch block
             buf = torch.zeros(rb, feats[0].shape[-1], dtype=self.dtype, device=self.device)
-            runner = self.graphs[key] = CapturedGraph(lambda: self._flush_forward(buf, inputs[0], inputs[1]), inputs, self._pool,
-                                               self._capture, extra=buf)
-        # padding rows write position 0 of the scratch slot, which no sequence owns
+            runner = self.graphs[key] = CapturedGraph(lambda: self._flush_forward(buf, inputs[0], inputs[1], inputs[2]),
+                                                      inputs, self._pool, self._capture, extra=buf)
+        # padding rows write the scratch block, which no sequence owns
         pad = rb - rows
-        host = torch.tensor([pos + [0] * pad, owner + [self.num_slots] * pad], dtype=torch.long)
+        host = torch.tensor([pos + [0] * pad, block + [self.scratch] * pad, offset + [0] * pad], dtype=torch.long)
         torch.cat(feats, out=runner.extra[:rows])
         runner.run(host)
 
-    def _flush_forward(self, feats: torch.Tensor, pos_t: torch.Tensor, owner_t: torch.Tensor) -> None:
+    def _flush_forward(self, feats: torch.Tensor, pos_t: torch.Tensor, block_t: torch.Tensor,
+                       offset_t: torch.Tensor) -> None:
         for layer, (k, v) in enumerate(self.model.context_kv(feats, pos_t)):  # k, v: [R, hkv, d]
-            self.ctx_k[layer][owner_t, :, pos_t] = k
-            self.ctx_v[layer][owner_t, :, pos_t] = v
+            self.ctx_k[layer][block_t, :, offset_t] = k
+            self.ctx_v[layer][block_t, :, offset_t] = v
