@@ -14,7 +14,7 @@ PARAGRAPH = ("The lighthouse keeper wrote down the weather every hour: wind, rai
 def test_a_prompt_of_over_4000_tokens_is_answered_end_to_end(server):
     prompt = PARAGRAPH * 135 + "In one sentence, what did the keeper write down?"
     r = httpx.post(f"{server.v1}/completions", json={"model": server.model, "prompt": prompt, "max_tokens": 8,
-                                                     "temperature": 0}, timeout=300)
+                                                     "temperature": 0, "ignore_eos": True}, timeout=300)
     assert r.status_code == 200, r.text
     usage = r.json()["usage"]
     assert usage["prompt_tokens"] > 4000 and usage["completion_tokens"] == 8
