@@ -122,7 +122,7 @@ def test_a_wave_over_the_budget_catches_up_a_budget_a_propose_and_drafts_once_it
 
 def test_a_sequence_prefilled_alone_is_fed_at_once_and_one_beside_others_lazily(tiny_model_dir):
     drafter, rec = _drafter(tiny_model_dir)
-    drafter.release(4)  # the running one ends
+    drafter.release([4])  # the running one ends
     hist = _history(100, 12)
     drafter.prefill(0, hist)  # alone: fed now, KV only
     assert drafter.lengths[0] == 100 and all(lg[1] == 0 for _, lg in rec.calls)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from tandem.drafters.draft_blocks import SlotBlocks
-from tandem.model.kv_cache import PagedKVCache, block_table_tensor
+from tandem.model.kv_cache import PagedKVCache
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
@@ -145,9 +145,10 @@ class DraftModelDrafter:
     def committed(self, slots: list[int], last_tokens: list[int]) -> None:
         pass  # the draft model catches up at its next propose
 
-    def release(self, slot: int) -> None:
-        self.live.discard(slot)
-        self._set_length(slot, 0)
+    def release(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.live.discard(slot)
+            self._set_length(slot, 0)
 
     def _set_length(self, slot: int, length: int) -> None:
         """The slot's draft KV holds `length` positions; blocks past them go back."""
@@ -207,14 +208,11 @@ class DraftModelDrafter:
         last = [[len(r) - 1] for r in rows] if logits else [[] for _ in rows]
         # rows written go to the slot's own blocks (pad rows past them to the scratch block)
         tables = [self.blocks.cover(slot, st + len(r)) for slot, st, r in zip(slots, starts, rows)]
-        positions = max(st + width for st in starts)
-        tables_t = block_table_tensor(tables, max(-(-positions // self.cache.block_size), max(map(len, tables))),
-                                      self.cache.scratch_block, self.device)
         out = self.model(
             padded,
             torch.tensor(starts, dtype=torch.int32, device=self.device),
             self.cache,
-            tables_t,
+            self.cache.table_tensor(tables, max(st + width for st in starts)),
             logit_rows=torch.tensor(last, dtype=torch.long, device=self.device).view(len(rows), -1),
         )
         return out.logits[:, 0] if logits else None  # [n, V]

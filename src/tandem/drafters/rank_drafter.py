@@ -56,5 +56,6 @@ class RankDrafter(Protocol):
         handles the verdict)."""
         ...
 
-    def release(self, slot: int) -> None:
+    def release(self, slots: list[int]) -> None:
+        """The sequences of these slots are gone (finished, preempted or prefilled anew)."""
         ...

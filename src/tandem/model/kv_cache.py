@@ -44,6 +44,16 @@ class PagedKVCache:
     def num_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
+    def table_tensor(self, tables: list[list[int]], reach: int) -> torch.Tensor:
+        """Block tables as one int32 [n, W] tensor on the cache's device, wide enough for
+        positions 0..reach-1, each padded with the scratch block: a forward's pad rows past
+        a sequence's own blocks write there."""
+        if self.scratch_block is None:
+            raise ValueError("padded block tables need a cache with a scratch block (scratch_blocks=1)")
+        width = max(-(-reach // self.block_size), max(len(t) for t in tables))
+        rows = [t + [self.scratch_block] * (width - len(t)) for t in tables]
+        return torch.tensor(rows, dtype=torch.int32, device=self.k[0].device)
+
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, blocks: torch.Tensor,
               offsets: torch.Tensor) -> None:
         """Rows [n, k, hkv, d] into block blocks[i, r] at offset offsets[i, r] ([n, k] each)."""
@@ -63,11 +73,6 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
 
 
-def block_table_tensor(tables: list[list[int]], width: int | None = None, fill: int = 0,
-                       device: torch.device | str = "cpu") -> torch.Tensor:
-    """Block tables as one int32 [n, width] tensor, each padded with `fill` (never read)."""
-    width = width or max(len(t) for t in tables)
-    return torch.tensor([t + [fill] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
 
 
 def fixed_tables(num_seqs: int, positions: int, block_size: int, device: torch.device | str = "cpu") -> torch.Tensor:

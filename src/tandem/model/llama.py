@@ -33,11 +33,12 @@ class ModelOutput:
 @dataclass
 class RowPlaces:
     """Where a forward's rows go in the paged cache: tables [n, W] int32 (each sequence's
-    blocks, padded with the scratch block), start_pos [n] int32, and per row its block and
-    offset ([n, k] each)."""
+    blocks, padded with the scratch block), start_pos [n] int32, and per row its position,
+    block and offset ([n, k] each)."""
 
     tables: torch.Tensor
     start_pos: torch.Tensor
+    positions: torch.Tensor
     blocks: torch.Tensor
     offsets: torch.Tensor
 
@@ -45,7 +46,7 @@ class RowPlaces:
     def of(cls, tables: torch.Tensor, start_pos: torch.Tensor, k: int, block_size: int) -> "RowPlaces":
         pos = start_pos.long()[:, None] + torch.arange(k, device=start_pos.device)  # [n, k]
         blocks = tables.long().gather(1, pos // block_size)
-        return cls(tables=tables, start_pos=start_pos.int(), blocks=blocks, offsets=pos % block_size)
+        return cls(tables=tables, start_pos=start_pos.int(), positions=pos, blocks=blocks, offsets=pos % block_size)
 
 
 class RMSNorm(nn.Module):
@@ -247,7 +248,7 @@ class LlamaForCausalLM(nn.Module):
         device = tokens.device
         where = RowPlaces.of(block_tables, start_pos, k, cache.block_size)
         # (clamped: the pad rows of a prefill batch may run past the rope tables)
-        pos = (start_pos.long()[:, None] + torch.arange(k, device=device)).clamp_max(self.rope_cos.shape[0] - 1)
+        pos = where.positions.clamp_max(self.rope_cos.shape[0] - 1)
 
         x = self.embed(tokens)  # [n, k, hidden]
         cos = torch.cat([self.rope_cos[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]

@@ -168,16 +168,23 @@ class ShapeRules:
             raise ShapeError("slots in range", f"slots {bad} outside [0, {self.num_slots})")
         if len(cmd.block_tables) != cmd.n:
             raise ShapeError("len(block_tables)==n", f"{len(cmd.block_tables)} block tables for n={cmd.n}")
-        writer: dict[int, int] = {}  # block -> the sequence writing rows into it
-        for i, (slot, start, table) in enumerate(zip(cmd.slots, cmd.start_pos, cmd.block_tables)):
+        for slot, start, table in zip(cmd.slots, cmd.start_pos, cmd.block_tables):
             self.check_table(slot, table, start + cmd.k)
-            for block in table[start // self.block_size : -(-(start + cmd.k) // self.block_size)]:
-                writer[block] = i
-        # a block one sequence writes must be in no other's table (only full, committed
-        # blocks are shared, and nobody writes those)
-        for i, (slot, table) in enumerate(zip(cmd.slots, cmd.block_tables)):
-            if any(writer.get(block, i) != i for block in table):
-                raise ShapeError("blocks written", f"slot {slot}: this batch writes a block of its table for another sequence")
+        bs = self.block_size
+        written = [t[p // bs : -(-(p + cmd.k) // bs)] for p, t in zip(cmd.start_pos, cmd.block_tables)]
+        self.check_writes(cmd.slots, cmd.block_tables, written, "batch")
+
+    def check_writes(self, slots: list[int], tables: list[list[int]], written: list[list[int]], what: str) -> None:
+        """A block one sequence writes (written[i], part of tables[i]) lies in no other
+        sequence's table: only full, committed blocks are shared, and nobody writes those."""
+        every: set[int] = set()
+        for slot, own in zip(slots, written):
+            if not every.isdisjoint(own):  # two sequences write one block
+                raise ShapeError("blocks written", f"slot {slot}: this {what} writes a block of its table for another sequence")
+            every.update(own)
+        for slot, table, own in zip(slots, tables, written):
+            if not every.difference(own).isdisjoint(table):
+                raise ShapeError("blocks written", f"slot {slot}: this {what} writes a block of its table for another sequence")
 
     def check_table(self, slot: int, table: list[int], positions: int) -> None:
         """A block table that covers `positions` positions with distinct blocks of the pool."""

@@ -73,7 +73,7 @@ def build_model_shard(
     cache = PagedKVCache(cfg.num_layers, pool.num_blocks, spec.block_size, num_kv_heads, cfg.head_dim,
                          dtype, device, scratch_blocks=1)
     log.info("KV pool: %d blocks of %d tokens (%d tokens, %.2f GiB); max_model_len %d",
-             pool.num_blocks, spec.block_size, cache.num_tokens, pool.num_blocks * per_block / (1 << 30),
+             pool.num_blocks, spec.block_size, cache.num_tokens, pool.pool_bytes / (1 << 30),
              pool.max_model_len)
     spec = replace(spec, max_model_len=pool.max_model_len)
     drafter = None

@@ -26,7 +26,7 @@ GIB = 1 << 30
 class PoolSize:
     num_blocks: int
     max_model_len: int
-    budget_bytes: int
+    pool_bytes: int  # what the pool takes: num_blocks x bytes a block
 
 
 def activation_reserve(row_budget: int, vocab_size: int, hidden_size: int) -> int:
@@ -69,4 +69,4 @@ def pool_size(spec, model_context: int, bytes_per_block: int, device: torch.devi
         raise InvalidRequestError(
             "max_model_len", f"{spec.max_model_len} positions do not fit the KV pool of {pool_tokens} "
             f"({num_blocks} blocks of {spec.block_size}); raise kv_cache_memory_gb or gpu_memory_utilization")
-    return PoolSize(num_blocks=num_blocks, max_model_len=min(wanted, pool_tokens), budget_bytes=num_blocks * bytes_per_block)
+    return PoolSize(num_blocks=num_blocks, max_model_len=min(wanted, pool_tokens), pool_bytes=num_blocks * bytes_per_block)

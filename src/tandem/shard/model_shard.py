@@ -15,7 +15,7 @@ import torch
 from tandem.drafters.rank_drafter import RankDrafter
 from tandem.errors import ShapeError
 from tandem.model.cuda_graph import next_pow2
-from tandem.model.kv_cache import PagedKVCache, block_table_tensor
+from tandem.model.kv_cache import PagedKVCache
 from tandem.model.verify_graphs import VerifyGraphs
 from tandem.sampling.rank_rule import pick_last, pick_rows
 from tandem.shard.commands import (
@@ -122,8 +122,7 @@ class ModelShard:
         return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items]))
 
     def _check_prefill(self, items: list[PrefillItem]) -> None:
-        writer: dict[int, int] = {}  # block -> the item writing rows into it
-        for i, it in enumerate(items):
+        for it in items:
             self._check_slot(it.slot)
             if not it.tokens:
                 raise ShapeError("tokens non-empty", f"prefill of slot {it.slot} has no tokens")
@@ -133,13 +132,10 @@ class ModelShard:
                 raise ShapeError("cached_len", f"slot {it.slot}: cached_len {it.cached_len} for {len(it.tokens)} tokens")
             self._check_tokens(it.tokens)
             self.rules.check_table(it.slot, list(it.blocks), len(it.tokens))
-            for block in it.blocks[it.cached_len // self.cache.block_size :]:
-                writer[block] = i
         if len({it.slot for it in items}) != len(items):
             raise ShapeError("slots distinct", "a prefill names a slot twice")
-        for i, it in enumerate(items):
-            if any(writer.get(block, i) != i for block in it.blocks):
-                raise ShapeError("blocks written", f"slot {it.slot}: this prefill writes a block of its table for another sequence")
+        written = [list(it.blocks[it.cached_len // self.cache.block_size :]) for it in items]
+        self.rules.check_writes([it.slot for it in items], [list(it.blocks) for it in items], written, "prefill")
 
     def verify(self, cmd: VerifyBatch) -> VerifyResult:
         return self.verify_begin(cmd)()
@@ -229,11 +225,12 @@ class ModelShard:
     def release(self, slots: list[int]) -> None:
         for slot in slots:
             self._check_slot(slot)
+        for slot in slots:
             self.lengths[slot] = 0
             self.history.pop(slot, None)
             self._drafts.pop(slot, None)
-            if self.drafter is not None:
-                self.drafter.release(slot)
+        if self.drafter is not None:
+            self.drafter.release(list(slots))
 
     # ---- helpers ----------------------------------------------------------------------
 
@@ -259,13 +256,11 @@ class ModelShard:
 
     def _forward(self, rows: torch.Tensor, tables: list[list[int]], start_pos: list[int],
                  logit_rows: torch.Tensor | None = None):
-        # the tables padded with the scratch block: pad rows past a table write there
-        width = max(-(-(max(start_pos) + rows.shape[1]) // self.cache.block_size), max(len(t) for t in tables))
         return self.model(
             rows,
             torch.tensor(start_pos, dtype=torch.int32, device=self.device),
             self.cache,
-            block_table_tensor(tables, width, self.cache.scratch_block, self.device),
+            self.cache.table_tensor(tables, max(start_pos) + rows.shape[1]),
             capture_layers=self.capture,
             logit_rows=logit_rows,
         )

@@ -123,7 +123,7 @@ class DFlashDrafter:
     def prefill(self, slot: int, tokens: list[int], feats: torch.Tensor | None, cached_len: int = 0) -> None:
         table = self.tables.get(slot)  # set for this prefill (set_table)
         self.pending.pop(slot, None)  # rows of a sequence the slot held before are not this one's
-        self.release(slot)
+        self.release([slot])
         if table is not None:
             self.tables[slot] = table
         if cached_len:
@@ -155,16 +155,16 @@ class DFlashDrafter:
             return
         self._ready = ({s: (i, p, t) for i, (s, p, t) in enumerate(zip(slots, starts, last_tokens))}, logits, picks)
 
-    def release(self, slot: int) -> None:
-        """Forget the slot; its pending rows are written out first: the prefix cache may
-        hand its full blocks to a later sequence."""
+    def release(self, slots: list[int]) -> None:
+        """Forget the slots; their pending rows are written out first, in one pass: the
+        prefix cache may hand their full blocks to a later sequence."""
         self._ready = None
-        if self.pending.get(slot) and slot in self.tables:
-            self._flush([slot])
-        self.written[slot] = 0
-        self.length[slot] = 0
-        self.pending.pop(slot, None)
-        self.tables.pop(slot, None)
+        self._flush([s for s in slots if self.pending.get(s) and s in self.tables])
+        for slot in slots:
+            self.written[slot] = 0
+            self.length[slot] = 0
+            self.pending.pop(slot, None)
+            self.tables.pop(slot, None)
 
     @torch.inference_mode()
     def propose(
