@@ -1,5 +1,5 @@
 """One attention call of the target on the GPU: the paged kernel (Triton, block tables)
-against the slot layout it replaces (SDPA reading each sequence's contiguous slot in
+against a slot layout (SDPA reading each sequence's contiguous slot in
 place, with the boolean mask), both captured in CUDA graphs.
 
     python bench/paged_attention_gpu.py [--n 1,32] [--contexts 512,4096] [--ks 1,5]
