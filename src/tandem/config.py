@@ -47,6 +47,7 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = option(None, "The KV pool of each rank in GiB; None = what gpu_memory_utilization leaves on a GPU, 2 GiB on the CPU (memory is taken as blocks are first written).", gt=0)
     gpu_memory_utilization: float = option(0.9, "Share of the GPU's memory the rank may use (weights, activations, KV pool) when kv_cache_memory_gb is None.", gt=0, le=1)
     enable_prefix_caching: bool = option(True, "Share the KV of full blocks of identical prompt prefixes across requests.")
+    max_prefill_tokens: int = option(2048, "Most prompt tokens prefilled in one tick: longer prompts, or a burst of them, are prefilled in chunks over several ticks, and running sequences keep decoding between the chunks.", ge=1)
     row_budget: int = option(256, "Most rows in one target forward (n sequences x k rows).", ge=1, le=65536)
     shards: int = option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).", ge=1, le=64)
     device: str = option("auto", "auto (a GPU when there is one), cpu, cuda.")

@@ -65,7 +65,8 @@ class Engine:
         drafter = build_drafter(self.config, group)
         prefix_caching = self.config.enable_prefix_caching
         kv = KVBlockManager(limits.num_blocks, limits.block_size, prefix_caching=prefix_caching)
-        self.scheduler = Scheduler(limits.num_slots, limits.row_budget, kv)
+        self.scheduler = Scheduler(limits.num_slots, limits.row_budget, kv,
+                                   max_prefill_tokens=self.config.max_prefill_tokens)
         log.info("KV pool: %d blocks of %d tokens (%d tokens), max_model_len %d, prefix caching %s",
                  limits.num_blocks, limits.block_size, limits.num_blocks * limits.block_size, limits.max_model_len,
                  "on" if prefix_caching else "off")
@@ -161,11 +162,10 @@ class Engine:
             self.intake.drain_into(self.scheduler)
             earlier = [] if self.group.healthy() else self._recover()
             others_wait = bool(self.scheduler.running)
-            admitted = self.scheduler.admit()
-            if admitted:
-                self._prefill(admitted)
-            if not self._prefill_only(admitted, others_wait):
-                self._verify_running(admitted)
+            self.scheduler.admit()
+            started = self._prefill(self.scheduler.prefill_chunks())
+            if not self._prefill_only(started, others_wait):
+                self._verify_running(started)
             self.metrics.record_scheduler(self.scheduler)
             return earlier + self.release.end_tick()
 
@@ -174,16 +174,16 @@ class Engine:
         with self._lock:
             return self.release.flush()
 
-    def _prefill_only(self, admitted: list[Sequence], others_wait: bool) -> bool:
-        """Whether this tick ends after its prefill. The new sequences' first tokens go out
-        now: their time to first token is their prefill, not prefill + the batch's verify.
-        At most every other tick while others run, so a steady stream of arrivals cannot
-        hold them back."""
-        self._prefill_tick = bool(admitted) and not (self._prefill_tick and others_wait)
+    def _prefill_only(self, started: list[Sequence], others_wait: bool) -> bool:
+        """Whether this tick ends after its prefill. The sequences whose prefill completed
+        send their first tokens now: their time to first token is their prefill, not
+        prefill + the batch's verify. At most every other tick while others run, so a
+        steady stream of arrivals cannot hold them back."""
+        self._prefill_tick = bool(started) and not (self._prefill_tick and others_wait)
         return self._prefill_tick
 
-    def _verify_running(self, admitted: list[Sequence]) -> None:
-        if admitted and self.release.sink is not None:
+    def _verify_running(self, started: list[Sequence]) -> None:
+        if started and self.release.sink is not None:
             # Admitted right after a prefill tick, they share this tick with the verify;
             # with a sink, their first tokens still leave at their prefill.
             self.release.send_now()
@@ -201,46 +201,54 @@ class Engine:
         self.scheduler.preempted_slots = []
         return kept
 
-    def _prefill(self, seqs: list[Sequence]) -> None:
-        """Prefill a batch; on failure retry one by one so a failure finishes only its own.
-        A sequence's first prefill emits its first token; a later one (after a preemption
-        or a recovery) writes its tokens but the last, which is row 0 of its next verify."""
-        items = [self._prefill_item(s) for s in seqs]
+    def _prefill(self, chunks: list[tuple[Sequence, int, int]]) -> list[Sequence]:
+        """Prefill this tick's chunks (sequence, start, end) in one command; on failure retry
+        one by one so a failure finishes only its own. The sequences whose prefill completed:
+        a first prefill emits its first token; a later one (after a preemption or a recovery)
+        writes its tokens but the last, which is row 0 of its next verify."""
+        if not chunks:
+            return []
+        items = [self._prefill_item(s, start, end) for s, start, end in chunks]
+        seqs = [s for s, _, _ in chunks]
         t0 = self.clock.now()
         try:
             res = self.group.prefill(items)
         except (ShardError, ShapeError) as e:
             if isinstance(e, ShardError) and e.unhealthy:
                 self.scheduler.requeue(seqs)  # they wait for the recovery instead
-                return
-            if len(seqs) == 1:
+                return []
+            if len(chunks) == 1:
                 seqs[0].finish(FinishReason.ERROR, error=f"prefill failed: {e}")
-                return
-            for s in seqs:
-                self._prefill([s])
-            return
+                return []
+            return [s for chunk in chunks for s in self._prefill([chunk])]
         now = self.clock.now()
-        self.ctx.cost.record_prefill(sum(len(it.tokens) for it in items), (now - t0) * 1000.0)
-        for s, item, tok in zip(seqs, items, res.next_tokens):
-            first = not s.output_ids
-            self.metrics.record_prefix_hit(len(item.tokens), item.cached_len)
-            if first:
-                self.metrics.prompt_tokens.inc(len(s.prompt_ids))
+        self.ctx.cost.record_prefill(sum(len(it.tokens) - it.cached_len for it in items), (now - t0) * 1000.0)
+        started = []
+        for (s, start, end), tok in zip(chunks, res.next_tokens):
+            if start == s.cached_len:  # its first chunk
+                self.metrics.record_prefix_hit(len(prefill_tokens(s)), s.cached_len)
                 self.metrics.queue_time.observe(t0 - s.arrival)
+            if not self.scheduler.prefilled(s, end):
+                continue  # more chunks in later ticks
+            if not s.output_ids:
+                self.metrics.prompt_tokens.inc(len(s.prompt_ids))
                 self.metrics.time_to_first_token.observe(now - s.arrival)
                 s.first_token_time = now
                 s.emit(tok, self.ctx.detok)
                 self.metrics.generated_tokens.inc()
             s.drafts = []
             self.scheduler.committed(s)
+            started.append(s)
         # the cap counts the new sequences before their first propose: a cap left from a
         # smaller batch would draft (and, for a draft model, catch up) a whole wave of prompts
         self.ctx.draft_cap = self.draft_cap.cap()
-        propose_drafts([s for s in seqs if not s.finished], self.ctx)
+        propose_drafts([s for s in started if not s.finished], self.ctx)
+        return started
 
-    def _prefill_item(self, s: Sequence) -> PrefillItem:
-        return PrefillItem(slot=s.slot, tokens=prefill_tokens(s), sampling=s.sampling,
-                           blocks=self.scheduler.table(s), cached_len=s.cached_len)
+    def _prefill_item(self, s: Sequence, start: int, end: int) -> PrefillItem:
+        blocks = self.scheduler.table(s)[: -(-end // self.scheduler.kv.block_size)]  # those of its first `end`
+        return PrefillItem(slot=s.slot, tokens=prefill_tokens(s)[:end], sampling=s.sampling, blocks=blocks,
+                           cached_len=start)
 
     def _recover(self) -> list[RequestOutput]:
         """Restart a lost shard group and re-prefill every running sequence from its tokens;
@@ -252,12 +260,9 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - stay recovering; the next tick tries again
             log.error("shard group restart failed: %s", e)
             return earlier
-        self.scheduler.reset_kv()  # the new ranks hold no KV
-        running = [s for s in self.scheduler.running if not s.finished]
-        log.warning("shard group restarted; re-prefilling %d running sequences", len(running))
+        self.scheduler.reset_kv()  # the new ranks hold no KV: this tick prefills them again
+        log.warning("shard group restarted; re-prefilling %d running sequences", len(self.scheduler.pending_prefill()))
         self.intake.recovering = False
-        if running:
-            self._prefill(running)
         return earlier
 
     def _due(self) -> list[DueOutput]:

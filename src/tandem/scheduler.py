@@ -8,6 +8,11 @@ sequence is preempted: its blocks go back and it waits at the front of the queue
 prefilled again later from its own tokens (its output so far is kept; nothing is emitted
 twice). The one allocator is tandem.kv.KVBlockManager: every rank keeps the layout the
 commands carry.
+
+A tick prefills at most `max_prefill_tokens` prompt tokens: a longer prompt, or a burst of
+prompts, is prefilled in chunks over several ticks (the oldest first), and the running
+sequences keep decoding between them. An admitted sequence is verified only once its
+prefill is complete.
 """
 from __future__ import annotations
 
@@ -20,8 +25,10 @@ from tandem.sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, row_budget: int, kv: KVBlockManager, max_batch: int | None = None):
+    def __init__(self, num_slots: int, row_budget: int, kv: KVBlockManager, max_batch: int | None = None,
+                 max_prefill_tokens: int | None = None):
         self.row_budget = row_budget
+        self.max_prefill_tokens = max_prefill_tokens or 1 << 62
         self.max_batch = max_batch or num_slots
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
@@ -31,6 +38,8 @@ class Scheduler:
         self.preempted_slots: list[int] = []  # slots the ranks should release (the engine takes them)
         self._admissions = count()
         self._admitted_at: dict[str, int] = {}  # request id -> admission order (the newest goes first)
+        # request id -> tokens of its prefill the ranks hold, while the prefill is incomplete
+        self.prefilling: dict[str, int] = {}
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -53,9 +62,44 @@ class Scheduler:
             seq.slot = self.free_slots.pop()
             seq.status = Status.RUNNING
             self._admitted_at[seq.request_id] = next(self._admissions)
+            self.prefilling[seq.request_id] = cached
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def prefill_chunks(self) -> list[tuple[Sequence, int, int]]:
+        """This tick's prefill work within max_prefill_tokens: (sequence, start, end) per
+        chunk, the longest-waiting first. A chunk that stops short of its prompt's end stops
+        at a block boundary (the next chunk starts on a fresh block, as after a prefix-cache
+        hit); a budget under a block moves the oldest on by one block."""
+        left, chunks = self.max_prefill_tokens, []
+        for seq in sorted(self.pending_prefill(), key=lambda s: self._admitted_at[s.request_id]):
+            if left <= 0:
+                break
+            start, total = self.prefilling[seq.request_id], len(prefill_tokens(seq))
+            end = min(total, start + left)
+            if end < total:
+                bs = self.kv.block_size
+                end = end // bs * bs
+                if end <= start:
+                    if chunks:
+                        break  # the rest of the budget holds no whole block
+                    end = min(total, (start // bs + 1) * bs)  # a budget under a block still moves on
+            chunks.append((seq, start, end))
+            left -= end - start
+        return chunks
+
+    def prefilled(self, seq: Sequence, end: int) -> bool:
+        """The ranks hold seq's prefill up to `end`; whether that completes it."""
+        if end < len(prefill_tokens(seq)):
+            self.prefilling[seq.request_id] = end
+            return False
+        self.prefilling.pop(seq.request_id, None)
+        return True
+
+    def pending_prefill(self) -> list[Sequence]:
+        """Admitted sequences whose prefill is not complete (they are not verified yet)."""
+        return [s for s in self.running if s.request_id in self.prefilling and not s.finished]
 
     def make_room(self, batch: list[Sequence], rows: int) -> list[Sequence]:
         """Blocks for `rows` more positions of every sequence of the batch, preempting the
@@ -98,7 +142,8 @@ class Scheduler:
         different draft counts share a padded batch where the cost model says it pays
         (see tandem.batching), the others go by exact draft count. block: a block
         drafter's drafts a round (see tandem.batching.batch_width), else 0."""
-        return plan_verify_batches(self.running, self.row_budget, self.max_batch, cost, block)
+        ready = [s for s in self.running if s.request_id not in self.prefilling]
+        return plan_verify_batches(ready, self.row_budget, self.max_batch, cost, block)
 
     def reap(self) -> list[Sequence]:
         """Remove finished sequences from the running set; their slots and blocks go back."""
@@ -125,6 +170,8 @@ class Scheduler:
             s.cached_len = 0
             if self.kv.admit(s.request_id, prefill_tokens(s)) is None:
                 self.preempt(s)
+            else:
+                self.prefilling[s.request_id] = 0
 
     def remove_waiting(self, seq: Sequence) -> bool:
         try:
@@ -149,6 +196,7 @@ class Scheduler:
             self.free_slots.append(seq.slot)
         self.kv.free(seq.request_id)
         self._admitted_at.pop(seq.request_id, None)
+        self.prefilling.pop(seq.request_id, None)
 
 
 def prefill_tokens(seq: Sequence) -> list[int]:

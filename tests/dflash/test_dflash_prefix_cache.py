@@ -46,3 +46,16 @@ def test_greedy_output_stays_exact_with_the_prefix_cache_and_blocks_are_hit(targ
     assert [o.token_ids for o in outs] == want
     assert engine.metrics.prefix_cache_hits._value.get() >= 5 * 32
     assert sum(o.num_draft_tokens for o in outs) > 0
+
+
+def test_greedy_output_stays_exact_when_prompts_are_prefilled_in_chunks(target):
+    # a chunk after the first is a prefill over blocks the sequence itself wrote
+    prompts = random_prompts(4, seed=63, low=40, high=70)
+    plain = tiny_engine(tiny_shard(target, None), "none", SLOTS)
+    want = [o.token_ids for o in plain.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))]
+    engine = tiny_engine(tiny_shard(target, random_dflash(seed=3)), "dflash", 4, num_speculative_tokens=5,
+                         adaptive=False, max_prefill_tokens=16)
+    outs = engine.generate(prompts[:1], SamplingParams(max_tokens=MAX_TOKENS))  # alone, then a burst
+    outs += engine.generate(prompts[1:], SamplingParams(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == want
+    assert sum(o.num_draft_tokens for o in outs) > 0

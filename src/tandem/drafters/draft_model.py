@@ -66,10 +66,12 @@ class DraftModelDrafter:
         rule as the cost of every draft step (it prices drafting per step), turning a
         paying batch-1 speculation off. Here it is KV only, as a propose would feed it."""
         others = self.live - {slot}
+        # the next chunk of a prefill split over ticks (tandem.scheduler) keeps what it has
+        have = self.lengths.get(slot, 0) if slot in self.live and 0 < cached_len == self.lengths.get(slot, 0) else 0
         self.live.add(slot)
-        self._set_length(slot, 0)
+        self._set_length(slot, have)
         if not others:
-            self._feed([list(tokens)], [slot], [0])
+            self._feed([list(tokens[have:])], [slot], [have])
             self._set_length(slot, len(tokens))
 
     @torch.inference_mode()
