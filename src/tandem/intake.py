@@ -84,6 +84,8 @@ class RequestIntake:
                 ids = self._prompt_ids(prompt, next(encoded) if _tokenizable(prompt) else None)
                 if not isinstance(params, SamplingParams):
                     raise InvalidRequestError("params", f"expected SamplingParams, got {type(params).__name__}")
+                if any(t >= self.limits.vocab_size for t, _ in params.logit_bias):
+                    raise InvalidRequestError("logit_bias", f"token ids must be in [0, {self.limits.vocab_size})")
                 prepared.append((prompt, ids, params, r.request_id))
             except InvalidRequestError as e:
                 prepared.append(e)

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 from tandem.adaptive import SpecControl
 from tandem.detokenizer import Detokenizer, IncrementalText, find_stop
 from tandem.sampling_params import SamplingParams
-from tandem.shard.commands import SamplingSpec
+from tandem.shard.commands import LogitRules, SamplingSpec
 
 
 class Status(enum.Enum):
@@ -98,7 +99,22 @@ class Sequence:
     @property
     def sampling(self) -> SamplingSpec:
         p = self.params
-        return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k), seed=self.seed)
+        return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k), seed=self.seed,
+                            min_p=float(p.min_p), rules=self.logit_rules)
+
+    @functools.cached_property
+    def logit_rules(self) -> LogitRules | None:
+        """What the rank applies to this sequence's logits; constant over its life."""
+        p = self.params
+        if not p.has_logit_rules:
+            return None
+        stops = () if p.ignore_eos else tuple(sorted(self.eos_ids))
+        return LogitRules(
+            prompt_len=len(self.prompt_ids), presence_penalty=float(p.presence_penalty),
+            frequency_penalty=float(p.frequency_penalty), repetition_penalty=float(p.repetition_penalty),
+            logit_bias=tuple((t, float(b)) for t, b in p.logit_bias), min_tokens=p.min_tokens,
+            min_tokens_ids=tuple(sorted(set(stops) | set(p.stop_token_ids))),
+        )
 
     # ---- transitions --------------------------------------------------------------------
 

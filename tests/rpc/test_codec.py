@@ -12,6 +12,7 @@ from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
     GREEDY,
+    LogitRules,
     PrefillItem,
     PrefillResult,
     ProposeBatch,
@@ -26,6 +27,9 @@ from tandem.shard.commands import (
 from tandem.shard.factory import ShardSpec
 
 SAMPLED = SamplingSpec(temperature=0.7, top_p=0.9, top_k=50, seed=(1 << 63) - 5)
+RULED = SamplingSpec(min_p=0.05, rules=LogitRules(prompt_len=17, presence_penalty=-0.5, frequency_penalty=1.25,
+                                                  repetition_penalty=1.1, logit_bias=((3, -100.0), (49151, 2.5)),
+                                                  min_tokens=4, min_tokens_ids=(2, 49152)))
 
 
 def through_the_wire(msg):
@@ -54,6 +58,10 @@ def through_the_wire(msg):
         ([PrefillItem(1, list(range(40)), blocks=[9, 2, (1 << 20) + 1], cached_len=32), PrefillItem(2, [5, 6], blocks=[4, 3])],
          codec.encode_prefill, codec.decode_prefill),
         (PrefillResult(next_tokens=[5, 0, 49151]), codec.encode_prefill_result, codec.decode_prefill_result),
+        ([PrefillItem(2, [5, 6], RULED, blocks=[4])], codec.encode_prefill, codec.decode_prefill),
+        (VerifyBatch(batch_id=3, n=2, k=2, slots=[0, 1], start_pos=[4, 4], tokens=[1, 2, 3, 4],
+                     sampling=[GREEDY, replace(SAMPLED, rules=LogitRules(prompt_len=3))], block_tables=[[0], [1]]),
+         codec.encode_verify, codec.decode_verify),
         (VerifyBatch(batch_id=(1 << 40) + 7, n=2, k=3, slots=[4, 1], start_pos=[10, 0], tokens=[1, 2, 3, 4, 5, 6],
                      sampling=[GREEDY, SAMPLED], block_tables=[[8], [3]]), codec.encode_verify, codec.decode_verify),
         (VerifyBatch(batch_id=2, n=3, k=2, slots=[0, 2, 1], start_pos=[40, 14, 0], tokens=[1, 2, 3, 4, 5, 6],
@@ -108,6 +116,9 @@ def test_an_all_greedy_verify_sends_no_sampling_specs_and_reads_back_as_n_greedy
     mixed = VerifyBatch(batch_id=1, n=2, k=1, slots=[0, 1], start_pos=[4, 4], tokens=[1, 2], sampling=[GREEDY, SAMPLED],
                         block_tables=[[0], [1]])
     assert len(through_the_wire(codec.encode_verify(mixed)).sampling) == 2
+    # a greedy sequence with logit rules is no plain greedy one: its spec travels
+    ruled = replace(greedy, sampling=[GREEDY, RULED, GREEDY])
+    assert codec.decode_verify(through_the_wire(codec.encode_verify(ruled))) == ruled
 
 
 def test_verify_block_tables_keep_their_order_and_counts_that_do_not_cover_the_blocks_are_refused():

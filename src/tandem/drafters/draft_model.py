@@ -24,6 +24,7 @@ import torch
 from tandem.drafters.draft_blocks import SlotBlocks
 from tandem.model.kv_cache import PagedKVCache
 from tandem.sampling.filters import filtered_probs
+from tandem.sampling.logit_processors import apply_to_last
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
 
@@ -131,7 +132,10 @@ class DraftModelDrafter:
         drafts: list[list[int]] = [[] for _ in slots]
         qs: list[list[torch.Tensor]] = [[] for _ in slots]
         for step in range(g_max):
-            tok = self._pick(logits, [p + step + 1 for p in positions], sampling, qs)
+            # the rules see what the target's row will: the history, the last token, the drafts so far
+            contexts = [h + [last] + d if spec.rules is not None else []
+                        for h, last, d, spec in zip(histories, last_tokens, drafts, sampling)]
+            tok = self._pick(apply_to_last(logits, contexts, sampling), [p + step + 1 for p in positions], sampling, qs)
             for i, t in enumerate(tok):
                 drafts[i].append(t)
             if step + 1 < g_max:
@@ -164,7 +168,7 @@ class DraftModelDrafter:
         for i, spec in enumerate(sampling):
             if spec.greedy:
                 continue
-            q = filtered_probs(logits[i : i + 1], spec.temperature, spec.top_p, spec.top_k)  # [1, V]
+            q = filtered_probs(logits[i : i + 1], spec.temperature, spec.top_p, spec.top_k, spec.min_p)  # [1, V]
             out[i] = int(sample_rows(q, [row_key(spec.seed, positions[i], STREAM_DRAFT)])[0])
             qs[i].append(self._to_target_vocab(q[0]))
         return out

@@ -12,6 +12,7 @@ from tandem.errors import ShapeError
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
     GREEDY,
+    LogitRules,
     PrefillItem,
     PrefillResult,
     ProposeBatch,
@@ -34,12 +35,37 @@ def encode_sampling(s: SamplingSpec) -> pb.SamplingSpec:
     m = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, seed=s.seed & _MASK64)
     if s.top_p != 1.0:
         m.top_p = s.top_p
+    if s.min_p != 0.0:
+        m.min_p = s.min_p
+    if s.rules is not None:
+        m.rules.CopyFrom(encode_rules(s.rules))
     return m
 
 
 def decode_sampling(m: pb.SamplingSpec) -> SamplingSpec:
     top_p = m.top_p if m.HasField("top_p") else 1.0
-    return SamplingSpec(temperature=m.temperature, top_p=top_p, top_k=m.top_k, seed=m.seed)
+    min_p = m.min_p if m.HasField("min_p") else 0.0
+    rules = decode_rules(m.rules) if m.HasField("rules") else None
+    return SamplingSpec(temperature=m.temperature, top_p=top_p, top_k=m.top_k, seed=m.seed, min_p=min_p, rules=rules)
+
+
+def encode_rules(r: LogitRules) -> pb.LogitRules:
+    m = pb.LogitRules(prompt_len=r.prompt_len, presence_penalty=r.presence_penalty, frequency_penalty=r.frequency_penalty,
+                      bias_ids=[t for t, _ in r.logit_bias], bias_values=[b for _, b in r.logit_bias],
+                      min_tokens=r.min_tokens, min_tokens_ids=r.min_tokens_ids)
+    if r.repetition_penalty != 1.0:
+        m.repetition_penalty = r.repetition_penalty
+    return m
+
+
+def decode_rules(m: pb.LogitRules) -> LogitRules:
+    if len(m.bias_ids) != len(m.bias_values):
+        raise ShapeError("logit_bias", f"{len(m.bias_ids)} bias ids for {len(m.bias_values)} values")
+    return LogitRules(
+        prompt_len=m.prompt_len, presence_penalty=m.presence_penalty, frequency_penalty=m.frequency_penalty,
+        repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
+        logit_bias=tuple(zip(m.bias_ids, m.bias_values)), min_tokens=m.min_tokens, min_tokens_ids=tuple(m.min_tokens_ids),
+    )
 
 
 # ---- init / limits ------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from tandem.sampling.filters import filtered_probs
+from tandem.sampling.logit_processors import apply_to_last, apply_to_rows
 from tandem.sampling.noise import STREAM_TARGET, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
 
@@ -23,7 +24,9 @@ def pick_rows(
     start_pos: list[int],  # [n]
     sampling: list[SamplingSpec],  # [n]
     draft_probs: list[torch.Tensor | None],  # [n] each [k-1, V] or None (one-hot)
+    histories: list[list[int]] | None = None,  # [n] each slot's committed tokens; needed by logit rules
 ) -> tuple[list[int], list[float]]:
+    logits = apply_to_rows(logits, rows, histories, sampling)
     n, k, vocab = logits.shape
     picks = logits.argmax(dim=-1)  # [n, k]
     if all(spec.greedy for spec in sampling):
@@ -38,7 +41,7 @@ def pick_rows(
     for i, spec in enumerate(sampling):
         if spec.greedy:
             continue
-        p = filtered_probs(logits[i], spec.temperature, spec.top_p, spec.top_k)  # [k, V]
+        p = filtered_probs(logits[i], spec.temperature, spec.top_p, spec.top_k, spec.min_p)  # [k, V]
         keys = [row_key(spec.seed, start_pos[i] + j + 1, STREAM_TARGET) for j in range(k)]
         if k > 1:
             d = drafts[i]  # [k-1]
@@ -60,11 +63,14 @@ def pick_rows(
     return picks.flatten().tolist(), accept.flatten().tolist()
 
 
-def pick_last(logits: torch.Tensor, lengths: list[int], sampling: list[SamplingSpec]) -> list[int]:
-    """logits [n, V] of each sequence's last row -> its next token (prefill / plain decode)."""
+def pick_last(logits: torch.Tensor, lengths: list[int], sampling: list[SamplingSpec],
+              contexts: list[list[int]] | None = None) -> list[int]:
+    """logits [n, V] of each sequence's last row -> its next token (prefill / plain decode);
+    contexts[i]: the tokens before it, needed by logit rules."""
+    logits = apply_to_last(logits, contexts, sampling)
     out = logits.argmax(dim=-1).tolist()
     for i, spec in enumerate(sampling):
         if not spec.greedy:
-            p = filtered_probs(logits[i : i + 1], spec.temperature, spec.top_p, spec.top_k)
+            p = filtered_probs(logits[i : i + 1], spec.temperature, spec.top_p, spec.top_k, spec.min_p)
             out[i] = int(sample_rows(p, [row_key(spec.seed, lengths[i], STREAM_TARGET)])[0])
     return out

@@ -3,8 +3,9 @@ response / stream-chunk shapes it sends.
 
 Strict: a number sent as a string, an unknown field or a missing one is a 400 naming
 the field. Fields of the OpenAI API that tandem does not implement are accepted only
-with their neutral value (n=1, echo=false, logprobs=null, zero penalties).
-Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids.
+with their neutral value (n=1, echo=false, logprobs=null).
+Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids, repetition_penalty,
+min_tokens, min_p.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 INT32_MAX = (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI allows 300)
 
 from tandem.errors import InvalidRequestError
 from tandem.outputs import RequestOutput
@@ -44,21 +46,23 @@ class _Sampling(BaseModel):
     stream: bool = Field(False, description="Send Server-Sent Events as tokens are produced.")
     stream_options: StreamOptions | None = None
     n: int = Field(1, description="Choices per request; only 1 is supported.")
-    presence_penalty: float = Field(0.0, allow_inf_nan=False, description="Only 0 is supported.")
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False, description="Only 0 is supported.")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False, description="Lowers the logit of every token already in the output by this much, in [-2, 2].")
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False, description="Lowers a token's logit by this times its count in the output, in [-2, 2].")
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) -> bias in [-100, 100] added to its logit.")
     user: str | None = None
     # extensions
     top_k: int = Field(0, ge=0, le=INT32_MAX, description="Sample from the k most likely tokens (0 = off).")
     ignore_eos: bool = Field(False, description="Keep generating past the end-of-sequence token.")
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = Field(
         None, max_length=MAX_STOP_TOKEN_IDS, description="Token ids that end the generation.")
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False, description="vLLM's: a token in the prompt or output has a positive logit divided, a negative one multiplied by it (1 = off).")
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX, description="EOS and stop_token_ids cannot end the output before this many tokens.")
+    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="Sample only tokens of at least min_p times the top token's probability (0 = off).")
 
     def sampling_params(self, default_max_tokens: int, max_tokens_limit: int, *, max_stop_strings: int = 4,
                         max_stop_chars: int = 256) -> SamplingParams:
         if self.n != 1:
             raise InvalidRequestError("n", "only n=1 is supported")
-        if self.presence_penalty or self.frequency_penalty:
-            raise InvalidRequestError("presence_penalty" if self.presence_penalty else "frequency_penalty", "penalties are not supported")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options", "only allowed with stream: true")
         max_tokens = given = self._max_tokens()
@@ -81,6 +85,12 @@ class _Sampling(BaseModel):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             max_tokens_is_default=given is None,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=tuple((_bias_key(t), b) for t, b in (self.logit_bias or {}).items()),
+            min_tokens=self.min_tokens,
+            min_p=self.min_p,
         )
 
     def _max_tokens(self) -> int | None:
@@ -89,6 +99,12 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def _bias_key(key: str) -> int:
+    if not (key.isascii() and key.isdigit()):
+        raise InvalidRequestError("logit_bias", f"keys must be token ids, got {key!r}")
+    return int(key)
 
 
 class CompletionRequest(_Sampling):

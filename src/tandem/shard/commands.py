@@ -12,6 +12,22 @@ from tandem.errors import ShapeError
 
 
 @dataclass(frozen=True)
+class LogitRules:
+    """Penalties and biases a rank applies to a sequence's logits before its pick
+    (tandem.sampling.logit_processors). The counts they need come from the rank's own
+    history of the slot: only the prompt's length travels, so this is constant per
+    sequence and costs the wire nothing a tick beyond itself."""
+
+    prompt_len: int  # history[:prompt_len] is the prompt, the rest its output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    min_tokens: int = 0
+    min_tokens_ids: tuple[int, ...] = ()  # EOS and stop_token_ids: masked while fewer than min_tokens are out
+
+
+@dataclass(frozen=True)
 class SamplingSpec:
     """What a rank needs to pick tokens for one sequence."""
 
@@ -19,6 +35,8 @@ class SamplingSpec:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    min_p: float = 0.0
+    rules: LogitRules | None = None  # None: the logits as the model gives them
 
     @property
     def greedy(self) -> bool:

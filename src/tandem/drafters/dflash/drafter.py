@@ -192,7 +192,7 @@ class DFlashDrafter:
         for i, spec in enumerate(sampling):
             g = min(num_drafts[i], B - 1)
             if not spec.greedy and g > 0:
-                q = filtered_probs(logits[i, :g], spec.temperature, spec.top_p, spec.top_k)  # [g, V']
+                q = filtered_probs(logits[i, :g], spec.temperature, spec.top_p, spec.top_k, spec.min_p)  # [g, V']
                 keys = [row_key(spec.seed, len(histories[i]) + 1 + j, STREAM_DRAFT) for j in range(g)]
                 picked = sample_rows(q, keys)
                 if self.draft_vocab is not None:  # q over the whole vocabulary: 0 outside the draft vocab
