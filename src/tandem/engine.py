@@ -25,6 +25,7 @@ from tandem.draft_cap import DraftCapPolicy
 from tandem.drafters.factory import build_drafter
 from tandem.due_outputs import DueOutput
 from tandem.errors import InvalidRequestError, ShapeError, ShardError
+from tandem.grammar.verify_masks import start_mask
 from tandem.intake import Admission, Request, RequestIntake
 from tandem.kv import KVBlockManager
 from tandem.metrics import EngineMetrics
@@ -91,6 +92,7 @@ class Engine:
             on_committed=self.release.committed,
             make_room=self._make_room,
             block_table=self.scheduler.table,
+            mask_words=self.intake.grammars.words,
             kv_committed=self.scheduler.committed,
         )
         self._lock = threading.RLock()  # held for a whole tick
@@ -240,7 +242,8 @@ class Engine:
 
     def _prefill_item(self, s: Sequence) -> PrefillItem:
         return PrefillItem(slot=s.slot, tokens=prefill_tokens(s), sampling=s.sampling,
-                           blocks=self.scheduler.table(s), cached_len=s.cached_len)
+                           blocks=self.scheduler.table(s), cached_len=s.cached_len,
+                           grammar_mask=start_mask(s.grammar, self.intake.grammars.words) if s.grammar and not s.output_ids else b"")
 
     def _recover(self) -> list[RequestOutput]:
         """Restart a lost shard group and re-prefill every running sequence from its tokens;

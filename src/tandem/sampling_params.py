@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 from tandem.errors import InvalidRequestError
+from tandem.grammar.constraint import GrammarConstraint
 
 INT32_MAX = 2**31 - 1  # top_k and token ids travel to the shard ranks as int32
 
@@ -22,6 +23,8 @@ class SamplingParams:
     # max_tokens is a default the client did not ask for: a prompt too long for it to fit
     # the context generates what the context leaves (finish_reason "length") instead of a 400
     max_tokens_is_default: bool = False
+    # the output must match this grammar (tandem.grammar); compiled at intake
+    structured: GrammarConstraint | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs so the params stay hashable and immutable.
@@ -52,6 +55,8 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT32_MAX:
                 raise InvalidRequestError("stop_token_ids", f"must be token ids in [0, {INT32_MAX}], got {t!r}")
+        if self.structured is not None and not isinstance(self.structured, GrammarConstraint):
+            raise InvalidRequestError("structured", f"expected a GrammarConstraint, got {type(self.structured).__name__}")
 
     @property
     def greedy(self) -> bool:

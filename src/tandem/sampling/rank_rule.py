@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from tandem.sampling.filters import filtered_probs
+from tandem.sampling.grammar_mask import mask_last_logits, mask_verify_logits
 from tandem.sampling.noise import STREAM_TARGET, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
 
@@ -23,7 +24,9 @@ def pick_rows(
     start_pos: list[int],  # [n]
     sampling: list[SamplingSpec],  # [n]
     draft_probs: list[torch.Tensor | None],  # [n] each [k-1, V] or None (one-hot)
+    grammar_masks: list[bytes] | None = None,  # [n] each k rows, b"" = unconstrained (VerifyBatch)
 ) -> tuple[list[int], list[float]]:
+    logits = mask_verify_logits(logits, grammar_masks)
     n, k, vocab = logits.shape
     picks = logits.argmax(dim=-1)  # [n, k]
     if all(spec.greedy for spec in sampling):
@@ -60,8 +63,10 @@ def pick_rows(
     return picks.flatten().tolist(), accept.flatten().tolist()
 
 
-def pick_last(logits: torch.Tensor, lengths: list[int], sampling: list[SamplingSpec]) -> list[int]:
+def pick_last(logits: torch.Tensor, lengths: list[int], sampling: list[SamplingSpec],
+              grammar_masks: list[bytes] | None = None) -> list[int]:
     """logits [n, V] of each sequence's last row -> its next token (prefill / plain decode)."""
+    logits = mask_last_logits(logits, grammar_masks)
     out = logits.argmax(dim=-1).tolist()
     for i, spec in enumerate(sampling):
         if not spec.greedy:

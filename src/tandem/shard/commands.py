@@ -35,6 +35,7 @@ class PrefillItem:
     sampling: SamplingSpec = GREEDY
     blocks: list[int] = field(default_factory=list)  # its block table, covering every token (tandem.kv.KVBlockManager)
     cached_len: int = 0  # leading tokens whose KV the blocks already hold (a prefix-cache hit)
+    grammar_mask: bytes = b""  # the pick's allowed tokens (tandem.sampling.grammar_mask); b"" = any
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class VerifyBatch:
     tokens: list[int]  # [n*k] sequence-major
     sampling: list[SamplingSpec]  # [n]
     block_tables: list[list[int]] = field(default_factory=list)  # [n] each sequence's blocks, covering start_pos + k positions
+    # [n] or empty (none constrained): sequence i's k rows of allowed tokens
+    # (tandem.sampling.grammar_mask); b"" = unconstrained
+    grammar_masks: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

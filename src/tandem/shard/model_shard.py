@@ -119,7 +119,8 @@ class ModelShard:
         if self.rank != 0:
             return PrefillResult(next_tokens=[])
         stacked = torch.stack(logits)  # [n, V]
-        return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items]))
+        return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items],
+                                                     [it.grammar_mask for it in items]))
 
     def _check_prefill(self, items: list[PrefillItem]) -> None:
         for it in items:
@@ -172,7 +173,7 @@ class ModelShard:
             if self.rank != 0:
                 return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
             q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
-            picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q)
+            picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q, cmd.grammar_masks)
             pending.picks = picks
             return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
 

@@ -31,6 +31,7 @@ from tandem.batching import batch_width
 from tandem.clock import Clock
 from tandem.detokenizer import Detokenizer
 from tandem.errors import ShapeError, ShardError
+from tandem.grammar.verify_masks import constrained_rows, padded_mask
 from tandem.metrics import EngineMetrics
 from tandem.sequence import FinishReason, Sequence
 from tandem.shard.commands import Verdict, VerifyBatch, VerifyResult, failed_verdict
@@ -61,9 +62,11 @@ class StepContext:
     make_room: Callable[[list[Sequence], int], list[Sequence]] = lambda batch, rows: batch
     block_table: Callable[[Sequence], list[int]] = lambda seq: []
     kv_committed: Callable[[Sequence], None] = lambda seq: None
+    mask_words: int = 0  # int32 words of one grammar mask row (tandem.grammar.verify_masks)
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
+    mask_rows = _grammar_rows(batch, ctx)
     batch = ctx.make_room(batch, batch_width(batch, ctx.adaptive.block) + 1)
     if not batch:
         return
@@ -81,6 +84,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
         tokens=[t for s, d in zip(batch, drafts) for t in padded_rows(s.last_token, d, k)],
         sampling=[s.sampling for s in batch],
         block_tables=[ctx.block_table(s) for s in batch],
+        grammar_masks=[padded_mask(mask_rows[id(s)], k) if id(s) in mask_rows else b"" for s in batch] if mask_rows else [],
     )
     t0 = ctx.clock.now()
     res = _forward(cmd, batch, drafts, ctx)
@@ -108,6 +112,18 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     propose_drafts([s for s in batch if not s.finished], ctx)
     propose_ms = (ctx.clock.now() - t1) * 1000.0
     ctx.metrics.log_tick(n, g, sum(accepted), sum(len(d) for d in drafts), verify_ms, propose_ms)
+
+
+def _grammar_rows(batch: list[Sequence], ctx: StepContext) -> dict[int, object]:
+    """Constrained sequences' drafts cut where the grammar refuses them, and their mask rows (by id)."""
+    out = {}
+    for s in batch:
+        if s.grammar is not None:
+            kept, out[id(s)] = constrained_rows(s.grammar, s.drafts, ctx.mask_words, keep_refused=not s.params.greedy)
+            if len(kept) < len(s.drafts):
+                ctx.metrics.grammar_cut_tokens.inc(len(s.drafts) - len(kept))
+                s.drafts = kept
+    return out
 
 
 def padded_rows(last_token: int, drafts: list[int], k: int) -> list[int]:
