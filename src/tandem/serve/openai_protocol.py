@@ -4,7 +4,7 @@ response / stream-chunk shapes it sends.
 Strict: a number sent as a string, an unknown field or a missing one is a 400 naming
 the field. Fields of the OpenAI API that tandem does not implement are accepted only
 with their neutral value (n=1, echo=false, logprobs=null, zero penalties).
-Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids.
+Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids, structured_outputs.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ MAX_STOP_TOKEN_IDS = 256
 from tandem.errors import InvalidRequestError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
+from tandem.serve.structured_fields import ResponseFormat, StructuredOutputs, constraint_of
 
 
 class StreamOptions(BaseModel):
@@ -52,6 +53,8 @@ class _Sampling(BaseModel):
     ignore_eos: bool = Field(False, description="Keep generating past the end-of-sequence token.")
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = Field(
         None, max_length=MAX_STOP_TOKEN_IDS, description="Token ids that end the generation.")
+    response_format: ResponseFormat | None = Field(None, description="json_object, or json_schema with a schema the output matches.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="One of json (schema), regex, choice, grammar.")
 
     def sampling_params(self, default_max_tokens: int, max_tokens_limit: int, *, max_stop_strings: int = 4,
                         max_stop_chars: int = 256) -> SamplingParams:
@@ -81,6 +84,7 @@ class _Sampling(BaseModel):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             max_tokens_is_default=given is None,
+            structured=constraint_of(self.response_format, self.structured_outputs),
         )
 
     def _max_tokens(self) -> int | None:
