@@ -20,7 +20,7 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}}}
 CONSTRAINTS = [G.json_schema(PERSON), G("regex", r"[0-9]{1,3}(, [0-9]{1,3}){2,6}"), G.choice(["red", "green", "blue"]),
                G("json_object")]
-MAX_TOKENS = 32
+MAX_TOKENS = 24
 
 
 def mixed(batch: int) -> tuple[list[str], list[SamplingParams]]:

@@ -55,3 +55,15 @@ def start_mask(matcher, words: int) -> bytes:
     rows = np.full((1, words), -1, dtype=np.int32)
     fill_row(matcher, rows, 0)
     return rows.astype("<i4", copy=False).tobytes()
+
+
+
+def with_forced(matcher, drafts: list[int], room: int) -> tuple[list[int], list[int]]:
+    """(the drafts the grammar takes, up to `room` tokens it forces after them: JSON
+    punctuation, a key's name; drafts that cost no drafter and that the target, picking
+    under the same mask, mostly accepts). The matcher ends where it began."""
+    consumed = matcher.try_consume_tokens(drafts) if drafts else 0
+    forced = matcher.compute_ff_tokens()[:room] if consumed == len(drafts) and room > 0 else []
+    if consumed:
+        matcher.rollback(consumed)
+    return drafts[:consumed], forced

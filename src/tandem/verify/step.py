@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
-from tandem.batching import batch_width
+from tandem.batching import MAX_ROWS, batch_width
 from tandem.clock import Clock
 from tandem.detokenizer import Detokenizer
 from tandem.errors import ShapeError, ShardError
-from tandem.grammar.verify_masks import constrained_rows, padded_mask
+from tandem.grammar.verify_masks import constrained_rows, padded_mask, with_forced
 from tandem.metrics import EngineMetrics
 from tandem.sequence import FinishReason, Sequence
 from tandem.shard.commands import Verdict, VerifyBatch, VerifyResult, failed_verdict
@@ -222,10 +222,23 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
             proposed = [_propose_one(s, g, ctx) for s, g in chunk]
         for (s, g), d in zip(chunk, proposed):
             s.drafts = list(d[:g])
+    _add_forced(seqs, ctx)
     if want:
         ms = (ctx.clock.now() - t0) * 1000.0
         ctx.metrics.propose_ms.observe(ms)
         ctx.cost.record_propose(max(g for _, g in want), ms)
+
+
+def _add_forced(seqs: list[Sequence], ctx: StepContext) -> None:
+    """Constrained sequences: the tokens their grammar forces join their drafts. A sampled
+    sequence gets them only without drafts of the drafter's: the rank's q covers exactly the
+    drafter's own drafts (a forced token's q is one-hot, and p under the mask is too)."""
+    most = min(MAX_ROWS - 1, ctx.group.limits.row_budget - 1)
+    for s in seqs:
+        if s.grammar is not None and (s.params.greedy or not s.drafts):
+            kept, forced = with_forced(s.grammar, s.drafts, min(most, s.budget - 1) - len(s.drafts))
+            ctx.metrics.grammar_cut_tokens.inc(len(s.drafts) - len(kept))
+            s.drafts = kept + forced
 
 
 def _propose_one(s: Sequence, g: int, ctx: StepContext) -> list[int]:
