@@ -68,9 +68,7 @@ class GrammarCompiler:
     def _tokenizer(self):
         with self._lock:
             if self._lltok is None:  # about half a second: built on the first constrained request
-                import llguidance.hf
-
-                self._lltok = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids)
+                self._lltok = _ll_tokenizer(self._hf_tokenizer, self.vocab_size, self.eos_ids)
             return self._lltok
 
     @staticmethod
@@ -90,6 +88,43 @@ class GrammarCompiler:
             return LLMatcher.grammar_from_lark(text)
         except Exception as e:  # noqa: BLE001 - the library's reason goes back to the client
             raise InvalidRequestError(c.field, _first_line(str(e))) from None
+
+
+def _ll_tokenizer(tokenizer, vocab_size: int, eos_ids: list[int]):
+    """llguidance's view of the tokenizer: a fast Hugging Face one as it is; any other
+    from each token's decoded text (tokenized back by longest match)."""
+    import llguidance
+    import llguidance.hf
+    import transformers
+
+    if isinstance(tokenizer, transformers.PreTrainedTokenizerFast):
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos_ids)
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_DecodedTokens(tokenizer, vocab_size, eos_ids)),
+                                  n_vocab=vocab_size, eos_token=eos_ids or None)
+
+
+class _DecodedTokens:
+    """A token table from tokenizer.decode([id]) (what llguidance's TokenizerWrapper reads)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: list[int]):
+        self.tokens = [tokenizer.decode([i]).encode("utf-8") for i in range(vocab_size)]
+        self.eos_token_id = eos_ids[0] if eos_ids else vocab_size - 1
+        self.bos_token_id = None
+        self.special_token_ids = list(eos_ids)
+        self._ids = {t: i for i, t in reversed(list(enumerate(self.tokens))) if t}
+        self._longest = max((len(t) for t in self._ids), default=1)
+
+    def __call__(self, text: bytes) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            for n in range(min(self._longest, len(text) - i), 0, -1):
+                if text[i : i + n] in self._ids:
+                    out.append(self._ids[text[i : i + n]])
+                    i += n
+                    break
+            else:
+                i += 1  # a byte no token spells: skipped
+        return out
 
 
 def _first_line(error: str) -> str:
