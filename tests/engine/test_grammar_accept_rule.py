@@ -26,15 +26,17 @@ def test_masked_accept_rule_keeps_the_masked_target_distribution():
     p = torch.softmax(logits[0, 0], dim=-1)
     want = torch.zeros(V)
     want[ALLOWED] = p[ALLOWED] / p[ALLOWED].sum()
-    trials, counts = 1200, np.zeros(V)
-    gen = np.random.default_rng(1)
-    for seed in range(trials):
-        d = int(gen.choice(V, p=q_row.numpy() / q_row.numpy().sum()))
-        spec = SamplingSpec(temperature=1.0, seed=seed)
-        picks, accept = pick_rows(logits, torch.tensor([[0, d]]), [10], [spec], [q_row[None, :]], [mask_bytes()])
-        n = accepted_sampled([d], picks, accept, seed, 10)
-        counts[d if n == 1 else picks[0]] += 1
+    trials, counts = 800, np.zeros(V)
+    drafts = np.random.default_rng(1).choice(V, size=trials, p=q_row.numpy() / q_row.numpy().sum())
+    specs = [SamplingSpec(temperature=1.0, seed=seed) for seed in range(trials)]
+    rows = torch.tensor([[0, int(d)] for d in drafts])
+    # the trials as one batch of sequences, each its own seed
+    picks, accept = pick_rows(logits.expand(trials, 2, V), rows, [10] * trials, specs, [q_row[None, :]] * trials,
+                              [mask_bytes()] * trials)
+    for i, d in enumerate(drafts):
+        n = accepted_sampled([int(d)], picks[2 * i : 2 * i + 2], accept[2 * i : 2 * i + 2], i, 10)
+        counts[int(d) if n == 1 else picks[2 * i]] += 1
     freq = counts / trials
     assert freq[[t for t in range(V) if t not in ALLOWED]].sum() == 0, "a refused token was emitted"
-    # 1200 draws: a frequency's standard error is at most 0.0145; 0.06 is four of them
-    assert np.abs(freq - want.numpy()).max() < 0.06, (freq, want)
+    # 800 draws: a frequency's standard error is at most 0.0177; 0.07 is four of them
+    assert np.abs(freq - want.numpy()).max() < 0.07, (freq, want)

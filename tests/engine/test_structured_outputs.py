@@ -55,14 +55,13 @@ def test_ngram_constrained_greedy_equals_no_speculation(batch, make_engine, refe
     assert sum(o.num_draft_tokens for o in outs) > 0
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize("batch", [1, 4])  # b16 with a 135M drafter: ~40 s of CI for what ngram b16 covers
 def test_draft_model_constrained_greedy_equals_no_speculation(batch, make_engine, self_draft_group, reference):
     # the target drafting for itself proposes its unmasked greedy tokens: the grammar cuts them
     engine = make_engine("draft-model", group=self_draft_group, draft_model="smollm2", adaptive=False)
     outs = check_equal(engine, batch, reference, "draft-model")
     assert sum(o.num_accepted_tokens for o in outs) > 0
-    if batch == 16:
-        assert engine.metrics.grammar_cut_tokens._value.get() > 0, "no draft was cut by a grammar"
+    assert engine.metrics.grammar_cut_tokens._value.get() > 0, "no draft was cut by a grammar"
 
 
 SCHEMAS = [

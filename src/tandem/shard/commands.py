@@ -165,6 +165,8 @@ class ShapeRules:
             raise ShapeError("len(slots)==n", f"{len(cmd.slots)} slots for n={cmd.n}")
         if len(cmd.start_pos) != cmd.n or len(cmd.sampling) != cmd.n:
             raise ShapeError("len(start_pos)==len(sampling)==n", f"n={cmd.n}")
+        if cmd.grammar_masks and len(cmd.grammar_masks) != cmd.n:
+            raise ShapeError("len(grammar_masks) in (0, n)", f"{len(cmd.grammar_masks)} grammar masks for n={cmd.n}")
         if len(set(cmd.slots)) != cmd.n:
             raise ShapeError("slots distinct", f"slots {cmd.slots} repeat a slot")
         bad = [s for s in cmd.slots if not 0 <= s < self.num_slots]
