@@ -25,6 +25,7 @@ from tandem.draft_cap import DraftCapPolicy
 from tandem.drafters.factory import build_drafter
 from tandem.due_outputs import DueOutput
 from tandem.errors import InvalidRequestError, ShapeError, ShardError
+from tandem.grammar.verify_masks import start_mask
 from tandem.intake import Admission, Request, RequestIntake
 from tandem.kv import KVBlockManager
 from tandem.metrics import EngineMetrics
@@ -92,6 +93,7 @@ class Engine:
             on_committed=self.release.committed,
             make_room=self._make_room,
             block_table=self.scheduler.table,
+            mask_words=self.intake.grammars.words,
             kv_committed=self.scheduler.committed,
         )
         self._lock = threading.RLock()  # held for a whole tick
@@ -247,8 +249,10 @@ class Engine:
 
     def _prefill_item(self, s: Sequence, start: int, end: int) -> PrefillItem:
         blocks = self.scheduler.table(s)[: -(-end // self.scheduler.kv.block_size)]  # those of its first `end`
+        # the grammar's start state masks the pick after the prompt (a later chunk's pick is not read)
+        mask = start_mask(s.grammar, self.intake.grammars.words) if s.grammar and not s.output_ids else b""
         return PrefillItem(slot=s.slot, tokens=prefill_tokens(s)[:end], sampling=s.sampling, blocks=blocks,
-                           cached_len=start)
+                           cached_len=start, grammar_mask=mask)
 
     def _recover(self) -> list[RequestOutput]:
         """Restart a lost shard group and re-prefill every running sequence from its tokens;

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from tandem.adaptive import AdaptiveSpec
 from tandem.clock import Clock
 from tandem.errors import EngineUnavailableError, InvalidRequestError
+from tandem.grammar.compiler import GrammarCompiler
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import Scheduler
 from tandem.sequence import Sequence
@@ -51,8 +52,10 @@ class Admission:
 
 
 class RequestIntake:
-    def __init__(self, tokenizer, eos_ids: frozenset[int], limits: ShardLimits, adaptive: AdaptiveSpec, clock: Clock):
+    def __init__(self, tokenizer, eos_ids: frozenset[int], limits: ShardLimits, adaptive: AdaptiveSpec, clock: Clock,
+                 grammars: GrammarCompiler | None = None):
         self.tokenizer = tokenizer
+        self.grammars = grammars or GrammarCompiler(tokenizer, limits.vocab_size, eos_ids)
         self.eos_ids = eos_ids
         self.limits = limits
         self.adaptive = adaptive
@@ -86,7 +89,9 @@ class RequestIntake:
                     raise InvalidRequestError("params", f"expected SamplingParams, got {type(params).__name__}")
                 if any(t >= self.limits.vocab_size for t, _ in params.logit_bias):
                     raise InvalidRequestError("logit_bias", f"token ids must be in [0, {self.limits.vocab_size})")
-                prepared.append((prompt, ids, params, r.request_id))
+                # compiled before admission: a bad grammar is this request's 400, nothing else's
+                grammar = self.grammars.matcher(params.structured) if params.structured is not None else None
+                prepared.append((prompt, ids, params, r.request_id, grammar))
             except InvalidRequestError as e:
                 prepared.append(e)
         with self._lock:
@@ -95,7 +100,7 @@ class RequestIntake:
     def _enqueue(self, item: tuple | Exception) -> Admission:
         if isinstance(item, Exception):
             return Admission(error=item)
-        prompt, ids, params, request_id = item
+        prompt, ids, params, request_id, grammar = item
         if request_id is None:
             self._ids += 1
             request_id = f"req-{self._ids}"
@@ -115,6 +120,7 @@ class RequestIntake:
             eos_ids=self.eos_ids,
             max_model_len=self.limits.max_model_len,
             arrival=self.clock.now(),
+            grammar=grammar,
         )
         seq.spec = self.adaptive.new_state()
         self.requests[request_id] = seq

@@ -32,6 +32,8 @@ class EngineMetrics:
         )
         self.verify_ms = Histogram("tandem:verify_ms", "Milliseconds of one batched verify forward.", buckets=_MS_BUCKETS, registry=r)
         self.propose_ms = Histogram("tandem:propose_ms", "Milliseconds of one batched propose.", buckets=_MS_BUCKETS, registry=r)
+        self.grammar_cut_tokens = Counter("tandem:spec_decode_num_grammar_cut_tokens",
+                                          "Draft tokens cut before the verify because the grammar refuses them.", registry=r)
         self.generated_tokens = Counter("tandem:generation_tokens", "Tokens emitted to clients.", registry=r)
         self.prompt_tokens = Counter("tandem:prompt_tokens", "Prompt tokens prefilled.", registry=r)
         self.requests_finished = Counter("tandem:request_success", "Requests finished, by reason.", ["finished_reason"], registry=r)

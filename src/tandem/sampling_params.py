@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 from tandem.errors import InvalidRequestError
+from tandem.grammar.constraint import GrammarConstraint
 
 INT32_MAX = 2**31 - 1  # top_k and token ids travel to the shard ranks as int32
 
@@ -29,6 +30,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); a dict is taken too
     min_tokens: int = 0
     min_p: float = 0.0
+    # the output must match this grammar (tandem.grammar); compiled at intake
+    structured: GrammarConstraint | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs so the params stay hashable and immutable.
@@ -66,6 +69,8 @@ class SamplingParams:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT32_MAX:
                 raise InvalidRequestError("stop_token_ids", f"must be token ids in [0, {INT32_MAX}], got {t!r}")
         self._check_rules()
+        if self.structured is not None and not isinstance(self.structured, GrammarConstraint):
+            raise InvalidRequestError("structured", f"expected a GrammarConstraint, got {type(self.structured).__name__}")
 
     def _check_rules(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):

@@ -62,6 +62,9 @@ class Sequence:
     _text: IncrementalText = field(default_factory=IncrementalText, compare=False, repr=False)
     # what a scheduler-side drafter keeps for this sequence (the n-gram drafter: a numpy buffer)
     drafter_state: object = field(default=None, compare=False, repr=False)
+    # the llguidance matcher of a constrained sequence (tandem.grammar), at the end of its
+    # output: it advances by emitted tokens only
+    grammar: object = field(default=None, compare=False, repr=False)
 
     # ---- derived ------------------------------------------------------------------------
 
@@ -123,6 +126,8 @@ class Sequence:
         assert not self.finished, "emit after finish"
         self.output_ids.append(token)
         p = self.params
+        if self.grammar is not None and self._grammar_ends(token):
+            return
         if not p.ignore_eos and token in self.eos_ids:
             self.finish(FinishReason.STOP)
         elif token in p.stop_token_ids:
@@ -131,6 +136,14 @@ class Sequence:
             self.finish(FinishReason.STOP)
         elif self.budget == 0:
             self.finish(FinishReason.LENGTH)
+
+    def _grammar_ends(self, token: int) -> bool:
+        """The grammar takes the token; a complete one (nothing more it allows) ends the output."""
+        if not self.grammar.consume_token(token):
+            self.finish(FinishReason.ERROR, error=f"the grammar refused token {token}: {self.grammar.get_error()}")
+        elif self.grammar.is_stopped():
+            self.finish(FinishReason.STOP)
+        return self.finished
 
     def _hit_stop_string(self, detok: Detokenizer) -> bool:
         text = self._text.stable(detok, self.output_ids)

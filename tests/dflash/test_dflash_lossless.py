@@ -6,10 +6,12 @@ the default model (most drafts accepted), at batch 1, 4 and 16, requests joining
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from dflash_tiny import SLOTS, DigitsTokenizer, random_dflash, random_prompts, tiny_shard
+from dflash_tiny import SLOTS, VOCAB, DigitsTokenizer, random_dflash, random_prompts, tiny_shard
 from tandem.config import EngineConfig
 from tandem.engine import Engine
 from tandem.sampling_params import SamplingParams
@@ -217,3 +219,23 @@ def test_a_round_cut_short_by_max_tokens_keeps_the_block_shape(target, tiny_refe
     short = sum(o.num_drafts * 5 - o.num_draft_tokens for o in outs)
     assert short > 0, "no round was cut short: the test checks nothing"
     assert set(widths) <= {1, 6}, widths  # decode rows (k=1: the prefill's first pick) or a whole block
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_dflash_constrained_greedy_equals_constrained_greedy_without_drafts(batch, target):
+    """Under a grammar (even requests; the odd ones free), DFlash drafts cut at the first
+    refused token keep the output exactly what the target picks under the mask alone."""
+    from tandem.grammar.constraint import GrammarConstraint
+
+    prompts = random_prompts(batch, seed=33)
+    regex = "(1[0-9]|2[0-9]|7)+"  # over the tokens' decoded texts ("7", "12", "1" then "9", ...)
+    grammar = GrammarConstraint("regex", regex)
+    params = [SamplingParams(max_tokens=MAX_TOKENS, structured=grammar if i % 2 == 0 else None) for i in range(batch)]
+    want = tiny_engine(tiny_shard(target, None), "none", SLOTS).generate(prompts, params)
+    engine = tiny_engine(tiny_shard(target, random_dflash(seed=batch)), "dflash", batch, num_speculative_tokens=5, adaptive=False)
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    for o in outs[::2]:  # a cut output may end inside a two-digit piece ("1" or "2" pending)
+        text = "".join(str(t) for t in o.token_ids if t != VOCAB - 1)  # VOCAB - 1 stands for EOS here
+        assert re.fullmatch(regex if o.finish_reason == "stop" else f"({regex})?[12]?", text), text
+    assert sum(o.num_draft_tokens for o in outs) > 0, "no drafts were verified"

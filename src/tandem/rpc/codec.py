@@ -160,13 +160,13 @@ def decode_drafter_info(m: pb.DrafterInfo) -> RankDrafterInfo:
 def encode_prefill(items: list[PrefillItem]) -> pb.PrefillRequest:
     return pb.PrefillRequest(
         items=[pb.PrefillItem(slot=it.slot, tokens=it.tokens, sampling=encode_sampling(it.sampling), blocks=it.blocks,
-                              cached_len=it.cached_len) for it in items]
+                              cached_len=it.cached_len, grammar_mask=it.grammar_mask) for it in items]
     )
 
 
 def decode_prefill(m: pb.PrefillRequest) -> list[PrefillItem]:
     return [PrefillItem(slot=it.slot, tokens=list(it.tokens), sampling=decode_sampling(it.sampling),
-                        blocks=list(it.blocks), cached_len=it.cached_len) for it in m.items]
+                        blocks=list(it.blocks), cached_len=it.cached_len, grammar_mask=bytes(it.grammar_mask)) for it in m.items]
 
 
 def encode_prefill_result(r: PrefillResult) -> pb.PrefillResult:
@@ -190,6 +190,7 @@ def encode_verify(c: VerifyBatch) -> pb.VerifyBatch:
         sampling=[] if all(s == GREEDY for s in c.sampling) else [encode_sampling(s) for s in c.sampling],
         blocks=[b for t in c.block_tables for b in t],
         block_counts=[len(t) for t in c.block_tables],
+        grammar_masks=c.grammar_masks,
     )
 
 
@@ -203,6 +204,7 @@ def decode_verify(m: pb.VerifyBatch) -> VerifyBatch:
         tokens=list(m.tokens),
         sampling=[decode_sampling(s) for s in m.sampling] if m.sampling else [GREEDY] * max(0, m.n),
         block_tables=_split(list(m.blocks), list(m.block_counts), "verify block tables"),
+        grammar_masks=[bytes(x) for x in m.grammar_masks],
     )
 
 

@@ -14,6 +14,7 @@ import torch
 
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.logit_processors import apply_to_last, apply_to_rows
+from tandem.sampling.grammar_mask import mask_last_logits, mask_verify_logits
 from tandem.sampling.noise import STREAM_TARGET, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
 
@@ -25,8 +26,10 @@ def pick_rows(
     sampling: list[SamplingSpec],  # [n]
     draft_probs: list[torch.Tensor | None],  # [n] each [k-1, V] or None (one-hot)
     histories: list[list[int]] | None = None,  # [n] each slot's committed tokens; needed by logit rules
+    grammar_masks: list[bytes] | None = None,  # [n] each k rows, b"" = unconstrained (VerifyBatch)
 ) -> tuple[list[int], list[float]]:
-    logits = apply_to_rows(logits, rows, histories, sampling)
+    # the rules first, the grammar last: a bias never brings back a token the grammar refuses
+    logits = mask_verify_logits(apply_to_rows(logits, rows, histories, sampling), grammar_masks)
     n, k, vocab = logits.shape
     picks = logits.argmax(dim=-1)  # [n, k]
     if all(spec.greedy for spec in sampling):
@@ -64,10 +67,10 @@ def pick_rows(
 
 
 def pick_last(logits: torch.Tensor, lengths: list[int], sampling: list[SamplingSpec],
-              contexts: list[list[int]] | None = None) -> list[int]:
+              contexts: list[list[int]] | None = None, grammar_masks: list[bytes] | None = None) -> list[int]:
     """logits [n, V] of each sequence's last row -> its next token (prefill / plain decode);
     contexts[i]: the tokens before it, needed by logit rules."""
-    logits = apply_to_last(logits, contexts, sampling)
+    logits = mask_last_logits(apply_to_last(logits, contexts, sampling), grammar_masks)
     out = logits.argmax(dim=-1).tolist()
     for i, spec in enumerate(sampling):
         if not spec.greedy:

@@ -5,7 +5,7 @@ Strict: a number sent as a string, an unknown field or a missing one is a 400 na
 the field. Fields of the OpenAI API that tandem does not implement are accepted only
 with their neutral value (n=1, echo=false, logprobs=null).
 Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids, repetition_penalty,
-min_tokens, min_p.
+min_tokens, min_p, structured_outputs.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI allows 300)
 from tandem.errors import InvalidRequestError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
+from tandem.serve.structured_fields import ResponseFormat, StructuredOutputs, constraint_of
 
 
 class StreamOptions(BaseModel):
@@ -58,6 +59,8 @@ class _Sampling(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False, description="vLLM's: a token in the prompt or output has a positive logit divided, a negative one multiplied by it (1 = off).")
     min_tokens: int = Field(0, ge=0, le=INT32_MAX, description="EOS and stop_token_ids cannot end the output before this many tokens.")
     min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="Sample only tokens of at least min_p times the top token's probability (0 = off).")
+    response_format: ResponseFormat | None = Field(None, description="json_object, or json_schema with a schema the output matches.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="One of json (schema), regex, choice, grammar.")
 
     def sampling_params(self, default_max_tokens: int, max_tokens_limit: int, *, max_stop_strings: int = 4,
                         max_stop_chars: int = 256) -> SamplingParams:
@@ -91,6 +94,7 @@ class _Sampling(BaseModel):
             logit_bias=tuple((_bias_key(t), b) for t, b in (self.logit_bias or {}).items()),
             min_tokens=self.min_tokens,
             min_p=self.min_p,
+            structured=constraint_of(self.response_format, self.structured_outputs),
         )
 
     def _max_tokens(self) -> int | None:

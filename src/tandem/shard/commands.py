@@ -53,6 +53,7 @@ class PrefillItem:
     sampling: SamplingSpec = GREEDY
     blocks: list[int] = field(default_factory=list)  # its block table, covering every token (tandem.kv.KVBlockManager)
     cached_len: int = 0  # leading tokens whose KV the blocks already hold (a prefix-cache hit)
+    grammar_mask: bytes = b""  # the pick's allowed tokens (tandem.sampling.grammar_mask); b"" = any
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class VerifyBatch:
     tokens: list[int]  # [n*k] sequence-major
     sampling: list[SamplingSpec]  # [n]
     block_tables: list[list[int]] = field(default_factory=list)  # [n] each sequence's blocks, covering start_pos + k positions
+    # [n] or empty (none constrained): sequence i's k rows of allowed tokens
+    # (tandem.sampling.grammar_mask); b"" = unconstrained
+    grammar_masks: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,8 @@ class ShapeRules:
             raise ShapeError("len(slots)==n", f"{len(cmd.slots)} slots for n={cmd.n}")
         if len(cmd.start_pos) != cmd.n or len(cmd.sampling) != cmd.n:
             raise ShapeError("len(start_pos)==len(sampling)==n", f"n={cmd.n}")
+        if cmd.grammar_masks and len(cmd.grammar_masks) != cmd.n:
+            raise ShapeError("len(grammar_masks) in (0, n)", f"{len(cmd.grammar_masks)} grammar masks for n={cmd.n}")
         if len(set(cmd.slots)) != cmd.n:
             raise ShapeError("slots distinct", f"slots {cmd.slots} repeat a slot")
         bad = [s for s in cmd.slots if not 0 <= s < self.num_slots]

@@ -120,7 +120,8 @@ class ModelShard:
             return PrefillResult(next_tokens=[])
         stacked = torch.stack(logits)  # [n, V]
         return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items],
-                                                  [it.tokens for it in items]))
+                                                  [it.tokens for it in items],
+                                                  grammar_masks=[it.grammar_mask for it in items]))
 
     def _check_prefill(self, items: list[PrefillItem]) -> None:
         for it in items:
@@ -173,7 +174,8 @@ class ModelShard:
             if self.rank != 0:
                 return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
             q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
-            picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q, [self.history[s] for s in cmd.slots])
+            picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q, [self.history[s] for s in cmd.slots],
+                                   cmd.grammar_masks)
             pending.picks = picks
             return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
 

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
-from tandem.batching import batch_width
+from tandem.batching import MAX_ROWS, batch_width
 from tandem.clock import Clock
 from tandem.detokenizer import Detokenizer
 from tandem.errors import ShapeError, ShardError
+from tandem.grammar.verify_masks import constrained_rows, padded_mask, with_forced
 from tandem.metrics import EngineMetrics
 from tandem.sequence import FinishReason, Sequence
 from tandem.shard.commands import Verdict, VerifyBatch, VerifyResult, failed_verdict
@@ -61,9 +62,11 @@ class StepContext:
     make_room: Callable[[list[Sequence], int], list[Sequence]] = lambda batch, rows: batch
     block_table: Callable[[Sequence], list[int]] = lambda seq: []
     kv_committed: Callable[[Sequence], None] = lambda seq: None
+    mask_words: int = 0  # int32 words of one grammar mask row (tandem.grammar.verify_masks)
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
+    mask_rows = _grammar_rows(batch, ctx)
     batch = ctx.make_room(batch, batch_width(batch, ctx.adaptive.block) + 1)
     if not batch:
         return
@@ -81,6 +84,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
         tokens=[t for s, d in zip(batch, drafts) for t in padded_rows(s.last_token, d, k)],
         sampling=[s.sampling for s in batch],
         block_tables=[ctx.block_table(s) for s in batch],
+        grammar_masks=[padded_mask(mask_rows[id(s)], k) if id(s) in mask_rows else b"" for s in batch] if mask_rows else [],
     )
     t0 = ctx.clock.now()
     res = _forward(cmd, batch, drafts, ctx)
@@ -108,6 +112,18 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     propose_drafts([s for s in batch if not s.finished], ctx)
     propose_ms = (ctx.clock.now() - t1) * 1000.0
     ctx.metrics.log_tick(n, g, sum(accepted), sum(len(d) for d in drafts), verify_ms, propose_ms)
+
+
+def _grammar_rows(batch: list[Sequence], ctx: StepContext) -> dict[int, object]:
+    """Constrained sequences' drafts cut where the grammar refuses them, and their mask rows (by id)."""
+    out = {}
+    for s in batch:
+        if s.grammar is not None:
+            kept, out[id(s)] = constrained_rows(s.grammar, s.drafts, ctx.mask_words, keep_refused=not s.params.greedy)
+            if len(kept) < len(s.drafts):
+                ctx.metrics.grammar_cut_tokens.inc(len(s.drafts) - len(kept))
+                s.drafts = kept
+    return out
 
 
 def padded_rows(last_token: int, drafts: list[int], k: int) -> list[int]:
@@ -206,10 +222,23 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
             proposed = [_propose_one(s, g, ctx) for s, g in chunk]
         for (s, g), d in zip(chunk, proposed):
             s.drafts = list(d[:g])
+    _add_forced(seqs, ctx)
     if want:
         ms = (ctx.clock.now() - t0) * 1000.0
         ctx.metrics.propose_ms.observe(ms)
         ctx.cost.record_propose(max(g for _, g in want), ms)
+
+
+def _add_forced(seqs: list[Sequence], ctx: StepContext) -> None:
+    """Constrained sequences: the tokens their grammar forces join their drafts. A sampled
+    sequence gets them only without drafts of the drafter's: the rank's q covers exactly the
+    drafter's own drafts (a forced token's q is one-hot, and p under the mask is too)."""
+    most = min(MAX_ROWS - 1, ctx.group.limits.row_budget - 1)
+    for s in seqs:
+        if s.grammar is not None and (s.params.greedy or not s.drafts):
+            kept, forced = with_forced(s.grammar, s.drafts, min(most, s.budget - 1) - len(s.drafts))
+            ctx.metrics.grammar_cut_tokens.inc(len(s.drafts) - len(kept))
+            s.drafts = kept + forced
 
 
 def _propose_one(s: Sequence, g: int, ctx: StepContext) -> list[int]:

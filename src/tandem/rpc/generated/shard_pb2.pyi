@@ -146,18 +146,20 @@ class LogitRules(_message.Message):
     def __init__(self, prompt_len: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., bias_ids: _Optional[_Iterable[int]] = ..., bias_values: _Optional[_Iterable[float]] = ..., min_tokens: _Optional[int] = ..., min_tokens_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillItem(_message.Message):
-    __slots__ = ("slot", "tokens", "sampling", "blocks", "cached_len")
+    __slots__ = ("slot", "tokens", "sampling", "blocks", "cached_len", "grammar_mask")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_MASK_FIELD_NUMBER: _ClassVar[int]
     slot: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingSpec
     blocks: _containers.RepeatedScalarFieldContainer[int]
     cached_len: int
-    def __init__(self, slot: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ..., cached_len: _Optional[int] = ...) -> None: ...
+    grammar_mask: bytes
+    def __init__(self, slot: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ..., cached_len: _Optional[int] = ..., grammar_mask: _Optional[bytes] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("items",)
@@ -206,7 +208,7 @@ class CommandReply(_message.Message):
     def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., prefill: _Optional[_Union[PrefillResult, _Mapping]] = ..., verify: _Optional[_Union[VerifyResult, _Mapping]] = ..., done: _Optional[_Union[Empty, _Mapping]] = ..., propose: _Optional[_Union[ProposeResult, _Mapping]] = ...) -> None: ...
 
 class VerifyBatch(_message.Message):
-    __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling", "blocks", "block_counts")
+    __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling", "blocks", "block_counts", "grammar_masks")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +218,7 @@ class VerifyBatch(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_MASKS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     n: int
     k: int
@@ -225,7 +228,8 @@ class VerifyBatch(_message.Message):
     sampling: _containers.RepeatedCompositeFieldContainer[SamplingSpec]
     blocks: _containers.RepeatedScalarFieldContainer[int]
     block_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ..., blocks: _Optional[_Iterable[int]] = ..., block_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    grammar_masks: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ..., blocks: _Optional[_Iterable[int]] = ..., block_counts: _Optional[_Iterable[int]] = ..., grammar_masks: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("batch_id", "picks", "accept_probs")

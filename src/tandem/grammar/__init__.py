@@ -1,0 +1,1 @@
+"""Structured outputs: grammar constraints, compiled once (llguidance), masking the picks."""
