@@ -11,9 +11,13 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "uni
 TWO = CALL + "\n" + '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
 
 
+NAMES = frozenset({"get_weather", "get_time"})
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
 def _streamed(text: str, cut: int) -> tuple[str, list]:
     """The text fed in pieces of `cut` characters: the content sent and the calls."""
-    s, content, calls = ToolCallStream(), "", []
+    s, content, calls = ToolCallStream(NAMES), "", []
     pieces = [text[i:i + cut] for i in range(0, len(text), cut)] or [""]
     for i, piece in enumerate(pieces):
         c, new = s.feed(piece, i == len(pieces) - 1)
@@ -46,18 +50,28 @@ def test_what_is_no_call_stays_content_as_it_was(text):
     assert parse_tool_calls(text) == (text, [])
 
 
+def test_a_bare_call_of_a_named_tool_is_a_call_and_other_json_is_content():
+    content, calls = parse_tool_calls("\n" + BARE + "\n", NAMES)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    other = '{"name": "not_a_tool", "arguments": {}}'
+    assert parse_tool_calls(other, NAMES) == (other, [])
+    assert parse_tool_calls(BARE + " and more", NAMES) == (BARE + " and more", [])
+    assert parse_tool_calls(BARE) == (BARE, [])  # no tools named: no bare call
+
+
 @pytest.mark.parametrize("text", [CALL, "Let me check.\n" + TWO + "\nDone.", "a <tool_c", "x <tool_call>{bad}</tool_call> y",
-                                  '<tool_call>{"name": "f", "arguments": {"a": 1}}', "no call"])
+                                  '<tool_call>{"name": "f", "arguments": {"a": 1}}', "no call", BARE, " " + BARE + "!",
+                                  "{" + CALL, '{"x": 1}'])
 @pytest.mark.parametrize("cut", [1, 3, 7, 1000])
 def test_streamed_in_any_pieces_it_gives_the_same_content_and_calls(text, cut):
-    whole_content, whole_calls = parse_tool_calls(text)
+    whole_content, whole_calls = parse_tool_calls(text, NAMES)
     content, calls = _streamed(text, cut)
     assert content == (whole_content or "")
     assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
 
 
 def test_a_stream_holds_back_a_tail_that_may_open_a_call_and_the_call_until_it_closes():
-    s = ToolCallStream()
+    s = ToolCallStream(NAMES)
     assert s.feed("Sure <tool", False) == ("Sure", [])
     assert s.feed('_call>{"name": "f", "arguments": {}}', False) == ("", [])
     content, calls = s.feed("</tool_call>", False)

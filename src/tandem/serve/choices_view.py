@@ -20,12 +20,13 @@ log = logging.getLogger("tandem.serve")
 
 class ChoicesView:
     def __init__(self, chat: bool, rid: str, model: str, created: int, request_ids: list[str], n: int, *,
-                 stops: tuple[str, ...] = (), include_usage: bool = False, parse_tools: bool = False,
+                 stops: tuple[str, ...] = (), include_usage: bool = False, tool_names: frozenset[str] | None = None,
                  parallel_tool_calls: bool = True):
         self.chat, self.rid, self.model, self.created = chat, rid, model, created
         self.index = {r: k for k, r in enumerate(request_ids)}
         self.n, self.stops, self.include_usage = n, stops, include_usage
-        self.parse_tools, self.max_calls = parse_tools, None if parallel_tool_calls else 1
+        # tool_names: the request's tools, whose calls are parsed from each choice (None: no tools)
+        self.tool_names, self.max_calls = tool_names, None if parallel_tool_calls else 1
         self.obj = "chat.completion.chunk" if chat else "text_completion"
 
     def usage(self, outs: list[RequestOutput]) -> dict:
@@ -50,7 +51,7 @@ class ChoicesView:
         k = self.index[out.request_id]
         if not self.chat:
             return {"index": k, "text": out.text, "logprobs": None, "finish_reason": proto.finish_reason(out)}
-        content, calls = parse_tool_calls(out.text) if self.parse_tools else (out.text, [])
+        content, calls = parse_tool_calls(out.text, self.tool_names) if self.tool_names is not None else (out.text, [])
         calls = calls[:self.max_calls]
         message = {"role": "assistant", "content": content}
         if calls:
@@ -66,7 +67,7 @@ class ChoicesView:
     async def sse(self, first: RequestOutput, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
         """data: {...} chunks, each of one choice, then data: [DONE]; as sse_events (tandem.serve.generation)."""
         deltas = {r: TextDeltas(self.stops) for r in self.index}
-        tools = {r: ToolCallStream() for r in self.index} if self.parse_tools else {}
+        tools = {r: ToolCallStream(self.tool_names) for r in self.index} if self.tool_names is not None else {}
         sent_calls = {r: 0 for r in self.index}
         finals: dict[str, RequestOutput] = {}
         try:

@@ -191,7 +191,8 @@ class GenerationApp:
                                      max_stop_chars=self.limits.max_stop_chars)
         requests = choice_requests(prompts or (), params, req.n, rid, messages=messages, tools=tools)
         view = ChoicesView(messages is not None, rid, self.model_name, created, [r.request_id for r in requests], req.n,
-                           stops=params.stop, include_usage=req.include_usage, parse_tools=bool(tools),
+                           stops=params.stop, include_usage=req.include_usage,
+                           tool_names=frozenset(t["function"]["name"] for t in tools) if tools else None,
                            parallel_tool_calls=getattr(req, "parallel_tool_calls", True))
         if not req.stream:
             outs = await self.backend.agenerate_many(requests)

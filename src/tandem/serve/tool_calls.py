@@ -5,10 +5,15 @@ that family ask for:
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
+Small models of the family often answer with the call's JSON alone, without the tags:
+an output that is nothing but {"name": <one of the request's tools>, "arguments": {...}}
+is that call too.
+
 parse_tool_calls reads a whole output into its content and calls (OpenAI's
 message.tool_calls); ToolCallStream does the same as a stream's text comes, sending
 content as soon as it cannot become part of a call and each call once its block has
-closed. A block whose JSON is no call (no name, bad JSON) stays content, tags and all.
+closed (an output that begins with "{" waits for its end: it may be a bare call). A
+block whose JSON is no call (no name, bad JSON) stays content, tags and all.
 Whitespace next to a call is dropped, so "<tool_call>..</tool_call>\\n<tool_call>.." is two
 calls and no content, the same whole or streamed.
 """
@@ -70,9 +75,19 @@ def _segments(text: str) -> tuple[str, list[ToolCall]]:
     return "".join(content), calls
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
-    """A whole output's content (None when only calls remain) and its calls."""
+def _whole(text: str, names: frozenset[str]) -> tuple[str, list[ToolCall]]:
     content, calls = _segments(text)
+    if not calls and text.strip().startswith("{"):
+        bare = _call_of(text.strip())
+        if bare is not None and bare.name in names:
+            return "", [bare]
+    return content, calls
+
+
+def parse_tool_calls(text: str, names: frozenset[str] = frozenset()) -> tuple[str | None, list[ToolCall]]:
+    """A whole output's content (None when only calls remain) and its calls; `names`:
+    the request's tools, which a bare call (JSON without the tags) must name."""
+    content, calls = _whole(text, names)
     return (content or None) if calls else content, calls
 
 
@@ -96,14 +111,20 @@ class ToolCallStream:
     """One choice's stream: feed it the text as it may go out (cumulative pieces); each
     call gives the content to send now and the calls that completed."""
 
-    def __init__(self):
+    def __init__(self, names: frozenset[str] = frozenset()):
+        self.names = names
         self.text = ""
         self.sent_content = 0
         self.calls: list[ToolCall] = []
 
     def feed(self, piece: str, finished: bool) -> tuple[str, list[ToolCall]]:
         self.text += piece
-        content, calls = _segments(self.text if finished else _settled_prefix(self.text))
+        if finished:
+            content, calls = _whole(self.text, self.names)
+        elif not self.sent_content and not self.calls and self.text.lstrip()[:1] in ("", "{"):
+            return "", []  # it may all be one bare call
+        else:
+            content, calls = _segments(_settled_prefix(self.text))
         new_content, self.sent_content = content[self.sent_content:], max(self.sent_content, len(content))
         new_calls = calls[len(self.calls):]
         self.calls.extend(new_calls)
