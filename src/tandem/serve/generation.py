@@ -152,8 +152,10 @@ class GenerationApp:
     async def _tokenize(self, body: bytes):
         req = self._parse(body, tokenize_routes.tokenize_model)
         prompt, options = tokenize_routes.tokenize_call(req)
-        self._check_prompt_chars(len(prompt) if prompt is not None else
-                                 sum(len(m["content"]) for m in options["messages"]), "prompt")
+        if prompt is not None:
+            self._check_prompt_chars(len(prompt), "prompt")
+        else:
+            self._check_prompt_chars(sum(len(m["content"]) for m in options["messages"]), "messages")
         tokens = await self.backend.atokenize(prompt, **options)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": self.backend.max_model_len}
 
