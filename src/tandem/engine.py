@@ -306,9 +306,10 @@ class Engine:
                 raise admission.error
             ids.append(admission.request_id)
         final: dict[str, RequestOutput] = {}
+        wanted = set(ids)
         while len(final) < len(ids):
             for out in self.step():
-                if out.finished:
+                if out.finished and out.request_id in wanted:  # not another caller's request
                     final[out.request_id] = out
         return [final[i] for i in ids]
 
