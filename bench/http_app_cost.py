@@ -51,7 +51,7 @@ def fastapi_baseline(backend: InstantBackend) -> FastAPI:
         req = proto.CompletionRequest.model_validate(json.loads(await request.body()))
         params = req.sampling_params(16, 1024)
         chunks, deltas = CompletionChunks("cmpl-x", "m", 0, False), TextDeltas(params.stop)
-        outputs = backend.astream(req.single_prompt(), params, deltas_only=True)
+        outputs = backend.astream(req.prompts()[0], params, deltas_only=True)
 
         async def events():
             async for out in outputs:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Iterator, Sequence as Seq
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
+from tandem import tokenize_text
+from tandem.choices import choice_requests
 from tandem.clock import Clock, MonotonicClock
 from tandem.config import EngineConfig
 from tandem.detokenizer import Detokenizer
@@ -141,9 +144,16 @@ class Engine:
         others): a burst is prefilled as one batch even while a tick is in progress."""
         return self.intake.add(requests)
 
-    def chat_prompt(self, messages: list[dict]) -> str:
-        """Messages rendered with the tokenizer's chat template, ready to generate from."""
-        return self.intake.chat_prompt(messages)
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Messages (and tools) rendered with the tokenizer's chat template, ready to generate from."""
+        return self.intake.chat_prompt(messages, tools)
+
+    def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **options) -> list[int]:
+        """The ids a request of this prompt (or conversation) generates from (tandem.tokenize_text)."""
+        return tokenize_text.tokenize(self.tokenizer, prompt=prompt, messages=messages, **options)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return tokenize_text.detokenize(self.tokenizer, tokens, self.group.limits.vocab_size)
 
     def abort(self, request_id: str) -> bool:
         with self._lock:
@@ -285,19 +295,30 @@ class Engine:
 
     # ---- conveniences -------------------------------------------------------------------
 
-    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 n: int = 1) -> list[RequestOutput]:
         """Run the given prompts to completion (with whatever else is running) and return
-        their final outputs in order."""
+        their final outputs in order; with n > 1, n choices of each (prompt-major, each
+        seeded apart: tandem.choices), all admitted together."""
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         prompts = [prompts] if single else list(prompts)
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequestError("params", f"{len(plist)} params for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        requests = [r for i, (p, sp) in enumerate(zip(prompts, plist))
+                    for r in choice_requests([p], sp or SamplingParams(), n, f"gen-{uuid.uuid4().hex}-{i}")]
+        ids = []
+        for admission in self.add_requests(requests):
+            if admission.error is not None:
+                for rid in ids:
+                    self.abort(rid)
+                raise admission.error
+            ids.append(admission.request_id)
         final: dict[str, RequestOutput] = {}
+        wanted = set(ids)
         while len(final) < len(ids):
             for out in self.step():
-                if out.finished:
+                if out.finished and out.request_id in wanted:  # not another caller's request
                     final[out.request_id] = out
         return [final[i] for i in ids]
 

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tandem.adaptive import AdaptiveSpec
+from tandem.chat_template import render_chat
 from tandem.clock import Clock
 from tandem.errors import EngineUnavailableError, InvalidRequestError
 from tandem.grammar.compiler import GrammarCompiler
@@ -29,11 +30,12 @@ class Request:
     params: SamplingParams | None = None
     request_id: str | None = None  # None: the engine names it
     messages: list[dict] | None = None  # rendered with the tokenizer's chat template
+    tools: list[dict] | None = None  # OpenAI tool definitions, rendered with the messages
 
     def __reduce__(self):
         # bursts of them cross Ray and the scheduler actor's socket: pickled as their
         # fields, a third of the time of a frozen dataclass's default state
-        return (Request, (self.prompt, self.params, self.request_id, self.messages))
+        return (Request, (self.prompt, self.params, self.request_id, self.messages, self.tools))
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,17 +132,16 @@ class RequestIntake:
     def _prompt_of(self, r: Request):
         """The prompt, with chat messages rendered; or the error they failed with."""
         if r.messages is None:
-            return r.prompt
+            return InvalidRequestError("tools", "tools go with messages, not a prompt") if r.tools else r.prompt
         try:
-            return self.chat_prompt(r.messages)
+            return self.chat_prompt(r.messages, r.tools)
         except Exception as e:  # noqa: BLE001 - that request's error alone
             return e
 
-    def chat_prompt(self, messages: list[dict]) -> str:
-        """Messages rendered with the tokenizer's chat template, ready to generate from."""
-        if not self.tokenizer.chat_template:
-            raise InvalidRequestError("messages", "this model has no chat template")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, *,
+                    add_generation_prompt: bool = True) -> str:
+        """Messages (and tools) rendered with the tokenizer's chat template, ready to generate from."""
+        return render_chat(self.tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
 
     def _prompt_ids(self, prompt, encoded: list[int] | None = None) -> list[int]:
         """The prompt's token ids, checked; `encoded`: a text prompt's ids, tokenized already."""

@@ -45,9 +45,9 @@ def test_no_case_gets_a_5xx_and_every_4xx_is_an_error_body(server, schema, path,
                 body["model"] = server.model  # else nearly every valid case is a 404 for its random model name
                 if "max_completion_tokens" not in body:
                     body.setdefault("max_tokens", 4)  # not the server's default of max_tokens_limit
-            for key in ("max_tokens", "max_completion_tokens"):
-                if isinstance(body.get(key), int) and not isinstance(body.get(key), bool) and body[key] > 4:
-                    body[key] = 4
+            for key, most in (("max_tokens", 4), ("max_completion_tokens", 4), ("n", 2), ("best_of", 2)):
+                if isinstance(body.get(key), int) and not isinstance(body.get(key), bool) and body[key] > most:
+                    body[key] = most
         content = body if isinstance(body, bytes) else json.dumps(body).encode()  # NaN stays NaN: also a case
         headers = {"content-type": case.media_type or "application/json", **(case.headers or {})}
         r = client.post(path, headers=headers, content=content)

@@ -154,6 +154,10 @@ class TandemHandle:
     def model_name(self) -> str:
         return self.info["model"]
 
+    @property
+    def max_model_len(self) -> int:
+        return self.info["max_model_len"]
+
     # ---- blocking ---------------------------------------------------------------------
 
     def generate(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
@@ -230,6 +234,57 @@ class TandemHandle:
         finally:
             if not finished:
                 self.actor.abort.remote(request.request_id)
+
+    # ---- several requests admitted together (n choices: tandem.choices.choice_requests) ----
+
+    def generate_many(self, requests: list[Request]) -> list[RequestOutput]:
+        """Run requests that the engine admits together to the end; their final outputs
+        in order. The first refusal raises (the others are aborted)."""
+        import ray
+
+        with tandem_errors():
+            return ray.get(self.actor.generate_many.remote(list(requests)))
+
+    async def agenerate_many(self, requests: list[Request]) -> list[RequestOutput]:
+        if not self.multiplex:
+            async with tandem_errors():
+                return await self.actor.generate_many.remote(list(requests))
+        finals: dict[str, RequestOutput] = {}
+        async for out in self._mux().stream_many(list(requests), True):
+            if out.finished:
+                finals[out.request_id] = out
+        return [finals[r.request_id] for r in requests]
+
+    async def astream_many(self, requests: list[Request], deltas_only: bool = False) -> AsyncIterator[RequestOutput]:
+        """The outputs of requests admitted together, each naming its request (request_id),
+        interleaved as they come; ends once all have finished. Always over this event
+        loop's shared subscription (see multiplexed())."""
+        async for out in self._mux().stream_many(list(requests), deltas_only):
+            yield out
+
+    # ---- tokenizer (what /tokenize and /detokenize serve) --------------------------------
+
+    def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **options) -> list[int]:
+        """The ids a request of `prompt` (or of `messages`, through the chat template)
+        generates from; options: tools, add_generation_prompt, add_special_tokens."""
+        import ray
+
+        with tandem_errors():
+            return ray.get(self.actor.tokenize.remote(prompt, messages, **options))
+
+    async def atokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **options) -> list[int]:
+        async with tandem_errors():
+            return await self.actor.tokenize.remote(prompt, messages, **options)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        import ray
+
+        with tandem_errors():
+            return ray.get(self.actor.detokenize.remote(list(tokens)))
+
+    async def adetokenize(self, tokens: list[int]) -> str:
+        async with tandem_errors():
+            return await self.actor.detokenize.remote(list(tokens))
 
     # ---- operations ---------------------------------------------------------------------
 

@@ -173,21 +173,57 @@ class Multiplexer:
             if not finished:
                 self.actor.abort.remote(rid)
 
+    async def stream_many(self, requests: list[Request], deltas_only: bool) -> AsyncIterator[RequestOutput]:
+        """The outputs of requests that go in one submission (so the engine admits them
+        together: the n choices of one request), each naming its request, as they come;
+        ends once all have finished. A refusal of any raises, and the rest are aborted."""
+        self._ensure_pump()
+        q: asyncio.Queue = asyncio.Queue()
+        left = {r.request_id: as_received(deltas_only) for r in requests}
+        for rid in left:
+            self.queues[rid] = q
+        try:
+            admissions = await asyncio.gather(*self._enqueue(requests))
+            refused = next((a.error for a in admissions if not a.taken), None)
+            if refused is not None:
+                raise refused
+            while left:
+                outs = [await q.get()]
+                while not q.empty():
+                    outs.append(q.get_nowait())
+                by_request: dict[str, list[RequestOutput]] = {}
+                for out in outs:
+                    by_request.setdefault(out.request_id, []).append(out)
+                for rid, piled in by_request.items():
+                    out = merge(piled)
+                    whole = left.pop(rid) if out.finished else left[rid]
+                    yield whole(out)
+        finally:
+            for r in requests:
+                self.queues.pop(r.request_id, None)
+            for rid in left:
+                self.actor.abort.remote(rid)
+
     async def _submit(self, request: Request) -> None:
         """Submit one request (coalesced with others, see the class); raise what it failed with."""
+        (done,) = self._enqueue([request])
+        admission = await done
+        if not admission.taken:
+            raise admission.error
+
+    def _enqueue(self, requests: list[Request]) -> list[asyncio.Future]:
+        """Queue requests for the next submission, all in the same one; each one's future Admission."""
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        dones = [loop.create_future() for _ in requests]
         if not self._to_submit:
             self._waiting_since = time.perf_counter()
-        self._to_submit.append((request, done))
+        self._to_submit.extend(zip(requests, dones))
         if not self._submitting:
             self._submitting = True
             loop.create_task(self._send_submissions())
         elif self._writer is not None and time.perf_counter() - self._waiting_since >= _SEND_AFTER_S:
             self._send_waiting_now()
-        admission = await done
-        if not admission.taken:
-            raise admission.error
+        return dones
 
     def _send_waiting_now(self) -> None:
         """Send what waits behind the submission on its way, without waiting for its reply

@@ -200,6 +200,38 @@ class SchedulerActor:
         finally:
             await self._forget(rid, out is not None and out.finished)
 
+    async def generate_many(self, requests: list[Request]) -> list[RequestOutput]:
+        """Run requests admitted together (the n choices of one, see tandem.choices) to the
+        end; their final outputs in order. Raises the first refusal, the others aborted."""
+        admissions = await self._add_many(requests, None)
+        rids = [a.request_id for a in admissions if a.taken]
+        failed = next((a.error for a in admissions if not a.taken), None)
+        if failed is not None:
+            for rid in rids:
+                await self._forget(rid, False)
+            raise failed
+        finals: dict[str, RequestOutput] = {}
+
+        async def run_to_end(rid: str) -> None:
+            q, out = self._outputs.queues[rid], None
+            try:
+                while out is None or not out.finished:
+                    out = await q.get()
+                finals[rid] = out
+            finally:
+                await self._forget(rid, out is not None and out.finished)
+
+        await asyncio.gather(*(run_to_end(rid) for rid in rids))
+        return [finals[rid] for rid in rids]
+
+    async def tokenize(self, prompt: str | None = None, messages: list[dict] | None = None, **options) -> list[int]:
+        """The ids a request of this prompt or conversation generates from (tandem.tokenize_text)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: self.engine.tokenize(prompt, messages=messages, **options))
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.detokenize, tokens)
+
     async def stream(self, request: Request):
         """Yield the request's outputs as they come (call with num_returns="streaming");
         outputs that piled up since the last yield come merged into one. Before the last,

@@ -79,6 +79,10 @@ class FollowedEngine:
     def model_name(self) -> str:
         return self.handle.model_name
 
+    @property
+    def max_model_len(self) -> int:
+        return self.handle.max_model_len
+
     async def agenerate(self, *args, **kwargs):
         async with self._noticing_loss():
             return await self.handle.agenerate(*args, **kwargs)
@@ -87,6 +91,23 @@ class FollowedEngine:
         async with self._noticing_loss(), contextlib.aclosing(self.handle.astream(*args, **kwargs)) as outs:
             async for out in outs:  # (aclosing: a client that leaves aborts its request at once)
                 yield out
+
+    async def agenerate_many(self, *args, **kwargs):
+        async with self._noticing_loss():
+            return await self.handle.agenerate_many(*args, **kwargs)
+
+    async def astream_many(self, *args, **kwargs):
+        async with self._noticing_loss(), contextlib.aclosing(self.handle.astream_many(*args, **kwargs)) as outs:
+            async for out in outs:
+                yield out
+
+    async def atokenize(self, *args, **kwargs):
+        async with self._noticing_loss():
+            return await self.handle.atokenize(*args, **kwargs)
+
+    async def adetokenize(self, *args, **kwargs):
+        async with self._noticing_loss():
+            return await self.handle.adetokenize(*args, **kwargs)
 
     async def ahealth(self) -> dict:
         async with self._noticing_loss():

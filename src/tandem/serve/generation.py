@@ -20,8 +20,11 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
+from tandem.choices import choice_requests
 from tandem.outputs import RequestOutput
 from tandem.serve import openai_protocol as proto
+from tandem.serve import tokenize_routes
+from tandem.serve.choices_view import ChoicesView
 from tandem.serve.errors import APIError, bad_request, from_exception, from_validation, generation_failed
 from tandem.serve.limits import RETRY_AFTER_S, ServeLimits
 from tandem.serve.request_body import ClientGone, check_content_type, check_text, parse_object, read_body
@@ -41,13 +44,24 @@ class Backend(Protocol):
     def astream(self, prompt=None, params=None, *, messages=None, request_id=None,
                 deltas_only=False) -> AsyncIterator[RequestOutput]: ...
 
+    async def agenerate_many(self, requests) -> list[RequestOutput]: ...
+
+    def astream_many(self, requests, deltas_only=False) -> AsyncIterator[RequestOutput]: ...
+
+    async def atokenize(self, prompt=None, *, messages=None, **options) -> list[int]: ...
+
+    async def adetokenize(self, tokens) -> str: ...
+
+    max_model_len: int
+
     async def ahealth(self) -> dict: ...
 
     async def ametrics(self) -> bytes: ...
 
 
 class GenerationApp:
-    """ASGI: the two generation endpoints; every other request goes to `fallback`."""
+    """ASGI: the two generation endpoints and /tokenize, /detokenize; every other request
+    goes to `fallback`."""
 
     def __init__(self, backend: Backend, fallback, *, model_name: str, api_key: str | None, limits: ServeLimits,
                  chat_default_max_tokens: int):
@@ -56,7 +70,8 @@ class GenerationApp:
         self.limits, self.chat_default = limits, chat_default_max_tokens
         self.max_tokens_limit = limits.max_tokens_limit
         self.in_flight = 0  # generation requests this app holds, from their headers to their last byte
-        self.routes = {"/v1/completions": self._completion, "/v1/chat/completions": self._chat}
+        self.routes = {"/v1/completions": self._completion, "/v1/chat/completions": self._chat,
+                       "/tokenize": self._tokenize, "/detokenize": self._detokenize}
 
     async def __call__(self, scope, receive, send) -> None:
         route = self.routes.get(_route_path(scope)) if scope["type"] == "http" else None
@@ -92,7 +107,7 @@ class GenerationApp:
         if isinstance(started, dict):
             await send_json(send, 200, started)
         else:
-            await self._stream(*started, receive, send)
+            await self._stream(*started, receive, send)  # (events, outputs)
 
     def _authorize(self, scope) -> None:
         if self.api_key is not None:
@@ -100,33 +115,53 @@ class GenerationApp:
 
     def _parse(self, body: bytes, model_cls):
         raw = parse_object(body)
+        if not isinstance(model_cls, type):  # a function of the body: which shape it has
+            model_cls = model_cls(raw)
         try:
             req = model_cls.model_validate(raw)
         except ValidationError as e:
             raise from_validation(e) from None
         check_text(body, raw)
-        if req.model != self.model_name:
+        if req.model is not None and req.model != self.model_name:  # (None: /tokenize's optional model)
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            "invalid_request_error", param="model", code="model_not_found")
         return req
 
     async def _completion(self, body: bytes):
         req = self._parse(body, proto.CompletionRequest)
-        prompt = req.single_prompt()
-        self._check_prompt_chars(len(prompt) if isinstance(prompt, str) else 0, "prompt")
+        prompts = req.prompts()
+        self._check_prompt_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt")
         rid, created = proto.new_id("cmpl"), int(time.time())
+        if len(prompts) > 1 or req.n > 1:
+            return await self._start_many(req, 16, rid, created, prompts)
         chunks = CompletionChunks(rid, self.model_name, created, req.include_usage)
-        return await self._start(req, 16, prompt, None, chunks,
+        return await self._start(req, 16, prompts[0], None, chunks,
                                  lambda out: proto.completion_response(rid, self.model_name, out))
 
     async def _chat(self, body: bytes):
         req = self._parse(body, proto.ChatCompletionRequest)
-        messages = req.template_messages()
+        messages, tools = req.template_messages(), req.template_tools()
         self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         rid, created = proto.new_id("chatcmpl"), int(time.time())
+        if tools or req.n > 1:
+            return await self._start_many(req, self.chat_default, rid, created, None, messages, tools)
         chunks = ChatChunks(rid, self.model_name, created, req.include_usage)
         return await self._start(req, self.chat_default, None, messages, chunks,
                                  lambda out: proto.chat_response(rid, self.model_name, out))
+
+    async def _tokenize(self, body: bytes):
+        req = self._parse(body, tokenize_routes.tokenize_model)
+        prompt, options = tokenize_routes.tokenize_call(req)
+        if prompt is not None:
+            self._check_prompt_chars(len(prompt), "prompt")
+        else:
+            self._check_prompt_chars(sum(len(m["content"]) for m in options["messages"]), "messages")
+        tokens = await self.backend.atokenize(prompt, **options)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": self.backend.max_model_len}
+
+    async def _detokenize(self, body: bytes):
+        req = self._parse(body, tokenize_routes.DetokenizeRequest)
+        return {"prompt": await self.backend.adetokenize(req.tokens)}
 
     def _check_prompt_chars(self, chars: int, field: str) -> None:
         # before the tokenizer, which runs on the engine's step thread: a huge text stalls every stream
@@ -147,14 +182,31 @@ class GenerationApp:
                 raise generation_failed(out.error)
             return as_json(out)
         outputs = self.backend.astream(prompt, params, messages=messages, deltas_only=True)
-        try:
-            first = await outputs.__anext__()
-        except BaseException:
-            await outputs.aclose()  # aborts the request (a client that went away, say)
-            raise
-        return first, outputs, chunks, TextDeltas(params.stop)
+        first = await _first_of(outputs)
+        return sse_events(first, outputs, chunks, TextDeltas(params.stop)), outputs
 
-    async def _stream(self, first, outputs, chunks, deltas, receive, send) -> None:
+    async def _start_many(self, req, default_max_tokens: int, rid: str, created: int, prompts, messages=None,
+                          tools=None):
+        """_start for several choices (n > 1, several prompts) or tools to parse: all of
+        them submitted together (tandem.choices), sent as ChoicesView says."""
+        params = req.sampling_params(default_max_tokens, self.max_tokens_limit, max_stop_strings=self.limits.max_stop_strings,
+                                     max_stop_chars=self.limits.max_stop_chars)
+        requests = choice_requests(prompts or (), params, req.n, rid, messages=messages, tools=tools)
+        view = ChoicesView(messages is not None, rid, self.model_name, created, [r.request_id for r in requests], req.n,
+                           stops=params.stop, include_usage=req.include_usage,
+                           tool_names=frozenset(t["function"]["name"] for t in tools) if tools else None,
+                           parallel_tool_calls=getattr(req, "parallel_tool_calls", True))
+        if not req.stream:
+            outs = await self.backend.agenerate_many(requests)
+            failed = next((o for o in outs if o.finish_reason == "error"), None)
+            if failed is not None:
+                raise generation_failed(failed.error)
+            return view.response(outs)
+        outputs = self.backend.astream_many(requests, deltas_only=True)
+        first = await _first_of(outputs)
+        return view.sse(first, outputs), outputs
+
+    async def _stream(self, events, outputs, receive, send) -> None:
         """Send the events; a client that goes away stops its request at once: a watcher
         on `receive` cancels this task (cheaper than a task group: one task a request)."""
         task = asyncio.current_task()
@@ -168,7 +220,7 @@ class GenerationApp:
         watcher = asyncio.ensure_future(_disconnected(receive))
         watcher.add_done_callback(on_disconnect)
         try:
-            await self._send_events(first, outputs, chunks, deltas, send)  # its `finally` aborts the request
+            await self._send_events(events, outputs, send)  # its `finally` aborts the request
         except asyncio.CancelledError:
             if not state["gone"]:
                 raise
@@ -178,10 +230,10 @@ class GenerationApp:
             state["sending"] = False
             watcher.cancel()
 
-    async def _send_events(self, first, outputs, chunks, deltas, send) -> None:
+    async def _send_events(self, events, outputs, send) -> None:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            async for event in sse_events(first, outputs, chunks, deltas):
+            async for event in events:
                 await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -222,6 +274,14 @@ async def sse_events(first: RequestOutput, outputs: AsyncIterator[RequestOutput]
     except Exception as e:  # noqa: BLE001 - a failing stream ends with an error event, never hangs
         log.exception("stream failed")
         yield from_exception(e).sse()
+
+
+async def _first_of(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    try:
+        return await outputs.__anext__()
+    except BaseException:
+        await outputs.aclose()  # aborts the request (a client that went away, say)
+        raise
 
 
 async def send_json(send, status: int, body: dict, headers: dict | None = None) -> None:

@@ -3,7 +3,8 @@ response / stream-chunk shapes it sends.
 
 Strict: a number sent as a string, an unknown field or a missing one is a 400 naming
 the field. Fields of the OpenAI API that tandem does not implement are accepted only
-with their neutral value (n=1, echo=false, logprobs=null).
+with their neutral value (echo=false, logprobs=null); fields SDKs send that change nothing
+of the generation are accepted and ignored (tandem.serve.sdk_fields).
 Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids, repetition_penalty,
 min_tokens, min_p, structured_outputs.
 """
@@ -22,10 +23,13 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI allows 300)
 
+from tandem.choices import MAX_CHOICES
 from tandem.errors import InvalidRequestError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 from tandem.serve.structured_fields import ResponseFormat, StructuredOutputs, constraint_of
+from tandem.serve.sdk_fields import IgnoredChatFields
+from tandem.serve.tool_fields import MessageToolCall, ToolFields, template_tool_calls
 
 
 class StreamOptions(BaseModel):
@@ -46,7 +50,8 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = Field(None, description="Strings that end the generation (not included): up to the server's max_stop_strings (4), each non-empty and at most max_stop_chars (256) long.")
     stream: bool = Field(False, description="Send Server-Sent Events as tokens are produced.")
     stream_options: StreamOptions | None = None
-    n: int = Field(1, description="Choices per request; only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
+        "Choices per prompt, admitted together; with a seed, choice j samples with seed + j."))
     presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False, description="Lowers the logit of every token already in the output by this much, in [-2, 2].")
     frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False, description="Lowers a token's logit by this times its count in the output, in [-2, 2].")
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) -> bias in [-100, 100] added to its logit.")
@@ -64,8 +69,6 @@ class _Sampling(BaseModel):
 
     def sampling_params(self, default_max_tokens: int, max_tokens_limit: int, *, max_stop_strings: int = 4,
                         max_stop_chars: int = 256) -> SamplingParams:
-        if self.n != 1:
-            raise InvalidRequestError("n", "only n=1 is supported")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options", "only allowed with stream: true")
         max_tokens = given = self._max_tokens()
@@ -112,27 +115,30 @@ def _bias_key(key: str) -> int:
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(description="One prompt: text or token ids.")
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(description=(
+        "Text or token ids, or a list of prompts (texts or token-id lists): n choices of each, all admitted together."))
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES, description=(
+        "Choices generated per prompt, the best n returned: only best_of = n (ranking needs logprobs)."))
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one or several."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise InvalidRequestError("prompt", f"one prompt per request, got {len(p)}")
-            p = p[0]
+        prompts = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+        if not p:
+            raise InvalidRequestError("prompt", "must not be empty")
         if self.echo:
             raise InvalidRequestError("echo", "echo is not supported")
         if self.logprobs is not None:
             raise InvalidRequestError("logprobs", "logprobs are not supported")
         if self.suffix:
             raise InvalidRequestError("suffix", "suffix is not supported")
-        if self.best_of not in (None, 1):
-            raise InvalidRequestError("best_of", "only best_of=1 is supported")
-        return p
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequestError("best_of", f"only best_of = n ({self.n}) is supported, got {self.best_of}: "
+                                      "choosing the best choices needs their logprobs")
+        return prompts
 
 
 class TextPart(BaseModel):
@@ -143,16 +149,36 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(None, description="An assistant's calls (then content may be null).")
+    tool_call_id: str | None = Field(None, description="On a tool message: the call it answers.")
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant message with tool_calls may leave it out)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls are an assistant's")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or ())
 
     def as_template_input(self) -> dict:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text}
+        if self.tool_calls:
+            out["tool_calls"] = template_tool_calls(self.tool_calls)
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(ToolFields, IgnoredChatFields, _Sampling):
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
     max_completion_tokens: int | None = Field(None, description="Most tokens to generate (the newer name of max_tokens).")
     logprobs: bool = False
@@ -169,7 +195,13 @@ class ChatCompletionRequest(_Sampling):
     def template_messages(self) -> list[dict]:
         if self.logprobs:
             raise InvalidRequestError("logprobs", "logprobs are not supported")
-        return [m.as_template_input() for m in self.messages]
+        out = []
+        for i, m in enumerate(self.messages):
+            try:
+                out.append(m.as_template_input())
+            except InvalidRequestError as e:
+                raise InvalidRequestError(f"messages[{i}].{e.field}", e.message) from None
+        return out
 
 
 # ---- responses --------------------------------------------------------------------------

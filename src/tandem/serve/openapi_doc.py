@@ -15,7 +15,9 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
 from tandem.serve import openai_protocol as proto
+from tandem.serve import tokenize_routes as tok
 from tandem.serve.limits import ServeLimits
+from tandem.serve.tool_fields import MessageToolCall
 
 
 class ErrorDetail(BaseModel):
@@ -53,14 +55,15 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="The text; null when the answer is tool calls alone.")
+    tool_calls: list[MessageToolCall] | None = Field(None, description="Calls parsed from the output (with tools).")
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -92,17 +95,43 @@ def install(app: FastAPI, limits: ServeLimits) -> None:
 def add_generation_paths(doc: dict[str, Any], limits: ServeLimits) -> None:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for model in (proto.CompletionRequest, proto.ChatCompletionRequest, CompletionResponse, ChatCompletionResponse,
-                  ErrorResponse):
+                  ErrorResponse, tok.TokenizeCompletionRequest, tok.TokenizeChatRequest, tok.TokenizeResponse,
+                  tok.DetokenizeRequest, tok.DetokenizeResponse):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     doc.setdefault("paths", {})
     doc["paths"]["/v1/completions"] = {"post": _operation(
-        "createCompletion", "Complete a prompt", "One prompt, as text or token ids.", "CompletionRequest",
+        "createCompletion", "Complete prompts", "A prompt or a list of prompts, as text or token ids: n choices "
+        "of each.", "CompletionRequest",
         "CompletionResponse", "text_completion", limits)}
     doc["paths"]["/v1/chat/completions"] = {"post": _operation(
         "createChatCompletion", "Answer a conversation", "Messages through the model's chat template.",
         "ChatCompletionRequest", "ChatCompletionResponse", "chat.completion.chunk", limits)}
+    doc["paths"]["/tokenize"] = {"post": _tokenizer_operation(
+        "tokenize", "Tokenize a prompt or a conversation", "The token ids a generation request of the same prompt "
+        "(or messages, through the chat template) runs on, as vLLM's /tokenize.",
+        {"oneOf": [_ref("TokenizeCompletionRequest"), _ref("TokenizeChatRequest")]}, "TokenizeResponse")}
+    doc["paths"]["/detokenize"] = {"post": _tokenizer_operation(
+        "detokenize", "Detokenize token ids", "The text of token ids, as vLLM's /detokenize.",
+        _ref("DetokenizeRequest"), "DetokenizeResponse")}
+
+
+def _tokenizer_operation(op_id: str, summary: str, description: str, request: dict, response: str) -> dict[str, Any]:
+    return {
+        "operationId": op_id,
+        "summary": summary,
+        "description": description,
+        "tags": ["tokenizer"],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {
+            "200": {"description": "The tokens, or the text.", "content": {"application/json": {"schema": _ref(response)}}},
+            "400": _error("A malformed request: bad JSON, a field's wrong type or value, a token id outside the vocabulary."),
+            "401": _error("A missing or wrong API key (Authorization: Bearer <key>), where the server has one."),
+            "404": _error("A model this server does not serve."),
+            "503": _error("The engine is recovering from a lost shard."),
+        },
+    }
 
 
 def _operation(op_id: str, summary: str, description: str, request: str, response: str, chunk_object: str,
