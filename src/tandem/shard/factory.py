@@ -72,6 +72,10 @@ def build_model_shard(
     pool = pool_size(spec, cfg.max_position_embeddings, per_block, device, reserve)
     cache = PagedKVCache(cfg.num_layers, pool.num_blocks, spec.block_size, num_kv_heads, cfg.head_dim,
                          dtype, device, scratch_blocks=1)
+    if device.type == "cpu":
+        from tandem.model.paged_attention_cpu import load_kernel
+
+        load_kernel()  # built (or loaded) now, inside Init: a first forward's build would outlast its deadline
     log.info("KV pool: %d blocks of %d tokens (%d tokens, %.2f GiB); max_model_len %d",
              pool.num_blocks, spec.block_size, cache.num_tokens, pool.pool_bytes / (1 << 30),
              pool.max_model_len)
