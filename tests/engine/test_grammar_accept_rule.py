@@ -32,7 +32,7 @@ def test_masked_accept_rule_keeps_the_masked_target_distribution():
     rows = torch.tensor([[0, int(d)] for d in drafts])
     # the trials as one batch of sequences, each its own seed
     picks, accept = pick_rows(logits.expand(trials, 2, V), rows, [10] * trials, specs, [q_row[None, :]] * trials,
-                              [mask_bytes()] * trials)
+                              grammar_masks=[mask_bytes()] * trials)
     for i, d in enumerate(drafts):
         n = accepted_sampled([int(d)], picks[2 * i : 2 * i + 2], accept[2 * i : 2 * i + 2], i, 10)
         counts[int(d) if n == 1 else picks[2 * i]] += 1
