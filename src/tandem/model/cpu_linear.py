@@ -69,6 +69,7 @@ class FusedLinears:
         self._sizes: list[int] = []
         self._packed_from: tuple = ()
         self._shared: tuple[torch.Tensor, torch.Tensor | None, tuple] | None = None  # (weight, bias, the layers' weights)
+        self.quantized = None  # the layers as one quantized kernel (model.quant), which then holds their weights
 
     def share_storage(self) -> None:
         """Lay the layers' weights (and biases) end to end in one tensor, each layer keeping a
@@ -100,6 +101,8 @@ class FusedLinears:
     def joint(self, x: torch.Tensor) -> torch.Tensor | None:
         """The layers' outputs side by side ([..., sum of out_features]) from one GEMM, or None
         where they must run one by one."""
+        if self.quantized is not None:
+            return self.quantized(x)
         ws = [layer.weight for layer in self.layers]
         shared = self._shared
         if shared is not None and all(w is v for w, v in zip(ws, shared[2])) and not torch.is_grad_enabled():

@@ -204,13 +204,16 @@ class LlamaForCausalLM(nn.Module):
             share_fused_storage(model)  # q/k/v and gate/up as one GEMM each (see FusedLinears)
         return model.eval().requires_grad_(False)
 
+    quantization = "none"  # or the method of model.quant its linear layers were quantized with
+
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        """The dtype of its activations, KV and unquantized weights."""
+        return self.model.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(tokens)  # [n, k] -> [n, k, hidden]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from tandem.model import registry
+from tandem.model import gguf_types, registry
 from tandem.model.config import ModelConfig
 from tandem.model.llama import LlamaForCausalLM
 
@@ -40,6 +40,7 @@ class LoadedModel:
     name: str
     chat_template: str | None
     path: str  # the folder the weights were read from (the cache folder for a GGUF)
+    source_quantized: bool = False  # read from a GGUF whose tensors are quantized (model.quant's "auto" reads it)
 
 
 def cache_root() -> str:
@@ -55,6 +56,7 @@ def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, d
         bar.update()
         bar.set_postfix_str("reading weights")
         loaded = _load_folder(folder, name, dtype, device)
+        loaded.source_quantized = _source_quantized(spec, folder)
         bar.update()
     return loaded
 
@@ -138,6 +140,28 @@ def _load_folder(folder: str, name: str, dtype: torch.dtype, device) -> LoadedMo
     )
 
 
+SOURCE_FILE = "gguf_source.json"  # written into a GGUF's cache folder: the file's tensor types
+
+
+def _source_quantized(spec: str | None, folder: str) -> bool:
+    """Whether the weights in `folder` were dequantized from quantized GGUF tensors."""
+    marker = os.path.join(folder, SOURCE_FILE)
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            return gguf_types.is_quantized(json.load(f)["tensor_types"])
+    known = registry.lookup(spec or registry.DEFAULT_MODEL)
+    gguf = known.gguf_path() if known is not None else (spec if spec and spec.endswith(".gguf") else None)
+    if gguf is None or not os.path.isfile(gguf):
+        return False  # a plain folder, or a cache of parts made without the marker
+    types = gguf_types.tensor_types(gguf)
+    try:
+        with open(marker, "w") as f:
+            json.dump({"tensor_types": types}, f)
+    except OSError:
+        pass  # a read-only cache: the header is read again next time
+    return gguf_types.is_quantized(types)
+
+
 def _load_tokenizer(folder: str):
     # A unit-test folder may carry no tokenizer at all.
     if not any(os.path.isfile(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
@@ -214,12 +238,15 @@ def _cached_dequantized(gguf: str, name: str, sha256: str, bar, verify: bool = F
         return target
     if verify and _sha256(gguf) != sha256:
         raise ValueError(f"{gguf!r} does not have the expected sha256 {sha256}")
+    types = gguf_types.check_types(gguf)  # an unsupported type is refused before the slow part
     bar.set_postfix_str("dequantizing GGUF once (cached after)")
     # Build in a private temp folder and rename it into place: a reader never sees half a
     # cache, and of two processes building at once the second simply drops its copy.
     tmp = os.path.join(_ensure_dir(cache_root()), f".{os.path.basename(target)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         _dequantize_gguf(gguf, tmp, progress=not bar.disable)
+        with open(os.path.join(tmp, SOURCE_FILE), "w") as f:
+            json.dump({"tensor_types": types}, f)
         try:
             os.rename(tmp, target)
         except OSError:

@@ -82,6 +82,7 @@ def encode_spec(spec: ShardSpec) -> pb.ShardSpec:
         dflash_cuda_graphs=spec.dflash_cuda_graphs,
         block_size=spec.block_size,
         gpu_memory_utilization=spec.gpu_memory_utilization,
+        quantization=spec.quantization,
     )
     if spec.max_model_len is not None:
         m.max_model_len = spec.max_model_len
@@ -116,6 +117,7 @@ def decode_spec(m: pb.ShardSpec) -> ShardSpec:
         block_size=m.block_size,
         kv_cache_memory_gb=m.kv_cache_memory_gb if m.HasField("kv_cache_memory_gb") else None,
         gpu_memory_utilization=m.gpu_memory_utilization,
+        quantization=m.quantization or "auto",
     )
 
 

@@ -34,6 +34,20 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
+def _quantize(model, spec: ShardSpec, device: torch.device, loaded: LoadedModel) -> None:
+    """Quantize the rank's (sharded) linear layers as spec.quantization resolves on this device."""
+    from tandem.model import quant
+
+    method = quant.resolve(spec.quantization, device, spec.dtype, loaded.source_quantized)
+    if model.quantization == method:
+        return  # a model shared by the ranks of a local group: quantized once
+    if model.quantization != "none":
+        raise ValueError(f"the model was quantized to {model.quantization}, this rank asks for {method}")
+    quant.quantize(model, method, loaded.tokenizer)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the float weights' memory goes to the KV pool
+
+
 def build_model_shard(
     spec: ShardSpec,
     *,
@@ -55,6 +69,7 @@ def build_model_shard(
 
         shard_model(model, rank, world_size, group=tp_group)
         num_kv_heads = len(kv_heads_for_rank(cfg.num_kv_heads, rank, world_size))
+    _quantize(model, spec, device, loaded)
     # CUDA graphs for the verify forward: one GPU rank (a tensor-parallel forward's collectives
     # stay eager), unless the spec turns them off.
     graphed = device.type == "cuda" and world_size == 1 and spec.cuda_graphs

@@ -35,3 +35,4 @@ class ShardSpec:
     block_size: int = _engine_default("block_size")
     kv_cache_memory_gb: float | None = _engine_default("kv_cache_memory_gb")
     gpu_memory_utilization: float = _engine_default("gpu_memory_utilization")
+    quantization: str = _engine_default("quantization")

@@ -3,12 +3,17 @@
 //
 // Semantics are those of tandem/model/paged_attention.py (paged_attention_reference).
 //
-// Work: one item per (sequence, kv head, row tile, context split). The g*k query rows
-// that share a kv head form the row tile (64 rows at most), so every key and value row
-// is read once per (sequence, kv head) and used for all of them. Keys come in chunks of
-// up to 32, with an online (flash-attention) softmax per chunk; paged_attention_cpu_tile.h
-// holds that arithmetic. Long contexts of few sequences are split across threads and
-// merged afterwards. Items are handed to threads one at a time (sequences differ in length).
+// Work: one item per (sequence, kv head, row tile). The g*k query rows that share a kv
+// head form the row tile (64 rows at most), so every key and value row is read once per
+// (sequence, kv head) and used for all of them. Keys come in chunks of 32 from position 0,
+// with an online (flash-attention) softmax per chunk; paged_attention_cpu_tile.h holds
+// that arithmetic. Items are handed to threads one at a time (sequences differ in length).
+//
+// A row's output is bitwise the same whatever other rows share the call: a verify's k
+// rows and k one-row decodes agree exactly, which keeps greedy speculation exact on
+// targets whose other parts are row-exact too (the int8 ones of model/quant). So query
+// rows lie across vector lanes, each lane's arithmetic its own, and no context is split
+// across threads (a split and its merge round differently).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -17,7 +22,6 @@
 #include <torch/library.h>
 
 #include <atomic>
-#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -28,8 +32,7 @@ namespace {
 
 using namespace paged_attention_cpu;
 
-constexpr int64_t kTileRows = 64;       // query rows per work item at most
-constexpr int64_t kMinSplitKeys = 256;  // a context split shorter than this does not pay
+constexpr int64_t kTileRows = 64;  // query rows per work item at most
 // Less work than this (keys x query-row lanes summed over items; about 10 us on one thread)
 // runs on the calling thread: waking a second one costs a few microseconds.
 constexpr int64_t kMinParallelWork = 8192;
@@ -43,10 +46,9 @@ struct Plan {
   int64_t n, k, hq, hkv, g, d, bs, max_blocks;
   int64_t tile_rows;  // query rows per tile: a multiple of kLanes, or all g*k rows
   int64_t tiles;      // row tiles per (sequence, kv head)
-  int64_t splits;     // context pieces per tile
   int64_t workers;    // threads to use
   float scale;
-  int64_t items() const { return n * hkv * tiles * splits; }
+  int64_t items() const { return n * hkv * tiles; }
   int64_t width() const { return (tile_rows + kLanes - 1) / kLanes * kLanes; }
 };
 
@@ -58,7 +60,6 @@ struct Operands {
   const int32_t* tables;
   const int32_t* start;
   T* out;
-  float* partial;  // splits > 1: per item [width][d] accumulators, then [width] max, [width] sum
 };
 
 // One thread's buffers, sized for the widest tile.
@@ -95,23 +96,19 @@ const float* key_row(const T* row, int64_t d, float* tile) {
 template <typename T, int D>
 void attend_item(const Plan& p, const Operands<T>& o, int64_t item, Scratch& w) {
   const int64_t d = D > 0 ? D : p.d;
-  const int64_t split = item % p.splits;
-  const int64_t tile_index = item / p.splits % p.tiles;
-  const int64_t head = item / (p.splits * p.tiles) % p.hkv;
-  const int64_t seq = item / (p.splits * p.tiles * p.hkv);
+  const int64_t tile_index = item % p.tiles;
+  const int64_t head = item / p.tiles % p.hkv;
+  const int64_t seq = item / (p.tiles * p.hkv);
   const int64_t m0 = tile_index * p.tile_rows;
   const int64_t rows = std::min(p.tile_rows, p.g * p.k - m0);
   const int64_t width = (rows + kLanes - 1) / kLanes * kLanes;
-  const bool narrow = D > 0 && rows <= kNarrowRows;
   const int64_t start = o.start[seq];
   // Rows are ordered m = r * g + gi (row r of query head head * g + gi): a tile's last row
   // sits at the latest position, and its keys are all the tile reads.
   const int64_t keys = start + (m0 + rows - 1) / p.g + 1;
-  const int64_t chunks = (keys + kKeyChunk - 1) / kKeyChunk;
-  const int64_t key_begin = std::min(keys, split * chunks / p.splits * kKeyChunk);
-  const int64_t key_end = std::min(keys, (split + 1) * chunks / p.splits * kKeyChunk);
+  const int64_t key_begin = 0, key_end = keys;
   const TileState t{rows, width, w.pos.data(), start + m0 / p.g, w.s, w.mx, w.l, w.alpha};
-  // queries pre-scaled: transposed (qt[c][lane]) for the wide layout, as rows for the narrow
+  // queries pre-scaled and transposed (qt[c][lane])
   for (int64_t mm = 0; mm < width; ++mm) {
     const int64_t m = m0 + std::min(mm, rows - 1);  // padding lanes repeat the last row's position
     w.pos[mm] = static_cast<int32_t>(start + m / p.g);
@@ -119,12 +116,7 @@ void attend_item(const Plan& p, const Operands<T>& o, int64_t item, Scratch& w) 
     w.l[mm] = 0.0f;
     const T* qr = o.q + ((seq * p.k + m / p.g) * p.hq + head * p.g + m % p.g) * d;
     for (int64_t c = 0; c < d; ++c) {
-      const float x = mm < rows ? to_float(qr[c]) * p.scale : 0.0f;
-      if (narrow) {
-        if (mm < rows) w.qt[mm * d + c] = x;
-      } else {
-        w.qt[c * width + mm] = x;
-      }
+      w.qt[c * width + mm] = mm < rows ? to_float(qr[c]) * p.scale : 0.0f;
     }
   }
   std::fill(w.acc, w.acc + rows * d, 0.0f);
@@ -155,60 +147,15 @@ void attend_item(const Plan& p, const Operands<T>& o, int64_t item, Scratch& w) 
         __builtin_prefetch(vr + line);
       }
     });
-    if constexpr (D > 0) {
-      if (narrow) {
-        narrow_scores<D>(w.qt, w.krow.data(), nj, t);
-        narrow_softmax(key0, nj, t);
-      }
-    }
-    if (!narrow) {
-      wide_scores(w.qt, d, w.krow.data(), nj, t);
-      wide_softmax(key0, nj, t);
-    }
-    tile_values<D>(w.vrow.data(), nj, d, narrow, t, w.acc);
-  }
-  if (p.splits > 1) {  // the merge divides
-    float* part = o.partial + item * p.width() * (d + 2);
-    std::memcpy(part, w.acc, sizeof(float) * rows * d);
-    std::memcpy(part + p.width() * d, w.mx, sizeof(float) * rows);
-    std::memcpy(part + p.width() * (d + 1), w.l, sizeof(float) * rows);
-    return;
+    wide_scores(w.qt, d, w.krow.data(), nj, t);
+    wide_softmax(key0, nj, t);
+    tile_values<D>(w.vrow.data(), nj, d, t, w.acc);
   }
   for (int64_t mm = 0; mm < rows; ++mm) {
     const int64_t m = m0 + mm;
     T* out = o.out + ((seq * p.k + m / p.g) * p.hq + head * p.g + m % p.g) * d;
     const float inv = 1.0f / w.l[mm];
     for (int64_t c = 0; c < d; ++c) out[c] = static_cast<T>(w.acc[mm * d + c] * inv);
-  }
-}
-
-// The splits of one tile merged: each weighted by e^(its max - the overall max).
-template <typename T>
-void merge_splits(const Plan& p, const Operands<T>& o, int64_t tile_item) {
-  const int64_t d = p.d, W = p.width();
-  const int64_t tile_index = tile_item % p.tiles;
-  const int64_t head = tile_item / p.tiles % p.hkv;
-  const int64_t seq = tile_item / (p.tiles * p.hkv);
-  const int64_t m0 = tile_index * p.tile_rows;
-  const int64_t rows = std::min(p.tile_rows, p.g * p.k - m0);
-  const float* first = o.partial + tile_item * p.splits * W * (d + 2);
-  std::vector<float> acc(d);
-  for (int64_t mm = 0; mm < rows; ++mm) {
-    float top = kNegInf;
-    for (int64_t s = 0; s < p.splits; ++s) top = std::max(top, first[s * W * (d + 2) + W * d + mm]);
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    float sum = 0.0f;
-    for (int64_t s = 0; s < p.splits; ++s) {
-      const float* part = first + s * W * (d + 2);
-      const float mx = part[W * d + mm];
-      if (mx == kNegInf) continue;  // this split saw no key of the row
-      const float wgt = std::exp(mx - top);
-      sum += part[W * (d + 1) + mm] * wgt;
-      for (int64_t c = 0; c < d; ++c) acc[c] += part[mm * d + c] * wgt;
-    }
-    const int64_t m = m0 + mm;
-    T* out = o.out + ((seq * p.k + m / p.g) * p.hq + head * p.g + m % p.g) * d;
-    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<T>(acc[c] / sum);
   }
 }
 
@@ -221,8 +168,6 @@ void run(const Plan& p, const Operands<T>& o) {
     Scratch w(p);
     for (int64_t it = next.fetch_add(1); it < items; it = next.fetch_add(1)) attend_item<T, D>(p, o, it, w);
   });
-  // splits only where there are fewer than 4 tiles per thread: a few microseconds of merging
-  for (int64_t t = 0; p.splits > 1 && t < p.n * p.hkv * p.tiles; ++t) merge_splits(p, o, t);
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -281,20 +226,10 @@ Plan make_plan(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor&
   p.tile_rows = p.tiles == 1 ? rows : (rows + p.tiles - 1) / p.tiles;
   if (p.tiles > 1) p.tile_rows = (p.tile_rows + kLanes - 1) / kLanes * kLanes;
   p.tiles = (rows + p.tile_rows - 1) / p.tile_rows;
-  // Few (sequence, kv head) pairs and long contexts: cut each context in pieces so that
-  // every thread has a few items (n=1, 3 kv heads, 2 threads: 3 items would leave one idle half the time).
-  const int64_t base = p.n * p.hkv * p.tiles;
   const int32_t* start = start_pos.data_ptr<int32_t>();
-  int64_t longest = 0, work = 0;
-  for (int64_t i = 0; i < p.n; ++i) {
-    longest = std::max<int64_t>(longest, start[i] + p.k);
-    work += (start[i] + p.k) * p.hkv * p.tiles * p.width();
-  }
-  p.workers = work < kMinParallelWork ? 1 : at::get_num_threads();
-  p.splits = 1;
-  if (p.workers > 1 && base < 4 * p.workers)
-    p.splits = std::max<int64_t>(1, std::min((4 * p.workers + base - 1) / base, longest / kMinSplitKeys));
-  p.workers = std::min(p.workers, p.items());
+  int64_t work = 0;
+  for (int64_t i = 0; i < p.n; ++i) work += (start[i] + p.k) * p.hkv * p.tiles * p.width();
+  p.workers = std::min<int64_t>(work < kMinParallelWork ? 1 : at::get_num_threads(), p.items());
   return p;
 }
 
@@ -311,12 +246,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (q.numel() == 0) return out;
   const Plan p = make_plan(q, k_cache, block_tables, start_pos);
-  at::Tensor partial;
-  if (p.splits > 1) partial = at::empty({p.items() * p.width() * (p.d + 2)}, q.options().dtype(at::kFloat));
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     Operands<T> o{q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), block_tables.data_ptr<int32_t>(),
-                  start_pos.data_ptr<int32_t>(), out.data_ptr<T>(), p.splits > 1 ? partial.data_ptr<float>() : nullptr};
+                  start_pos.data_ptr<int32_t>(), out.data_ptr<T>()};
     dispatch_head_dim(p, o);
   };
   if (q.scalar_type() == at::kFloat) launch(float{});

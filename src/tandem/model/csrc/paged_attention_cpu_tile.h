@@ -4,13 +4,9 @@
 // wider than the registers are lowered through the stack: an AVX2 build of 16-float
 // vectors ran 20x slower.)
 //
-// Two layouts of a tile's scores, picked by its number of rows:
-//  wide (more than kNarrowRows rows): query rows across the lanes, S[j][row]. A key
-//    element broadcast against a vector of (transposed) queries: no horizontal sums.
-//    Costs d FMAs per key for up to kLanes rows, whatever their number.
-//  narrow (decode: g rows): keys across the lanes, S[row][j]. Dot products of a query
-//    row with a vector's worth of keys, their lane sums taken together by a shuffle
-//    tree. Costs about rows * (d / kLanes + 3) operations per key.
+// Query rows lie across the lanes, S[j][row]: a key element broadcast against a vector
+// of (transposed) queries, no horizontal sums, d FMAs per key for up to kLanes rows. Each
+// lane's arithmetic is its own, so a row's result does not depend on the rows beside it.
 #pragma once
 
 #include <algorithm>
@@ -31,14 +27,6 @@ constexpr int kLanes = 4;
 constexpr int64_t kKeyChunk = 32;  // keys per online-softmax step
 constexpr int kKeysPerStep = 8;    // wide scores: one accumulator per key, 8 FMA chains
 static_assert(kKeyChunk % kLanes == 0);
-// Narrow layout up to this many rows. One thread, n=32 (d=64) / n=16 (d=128) rows of
-// decode over 512 cached tokens, ms:
-//   rows            3          6          8          10
-//   AVX-512 wide    0.88/0.80  0.98/0.88  1.02/0.96  1.09/1.07
-//   AVX-512 narrow  0.52/0.43  0.86/0.77  1.21/0.95  1.46/1.15
-//   AVX2 wide       0.98/0.86  1.08/0.99  1.22/1.13  2.05/1.82
-//   AVX2 narrow     0.61/0.60  1.09/1.07  1.46/1.39  1.81/1.73
-constexpr int64_t kNarrowRows = 6;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -134,75 +122,7 @@ inline void wide_softmax(int64_t key0, int64_t nj, const TileState& t) {
   }
 }
 
-// ---- narrow layout: S[row][j], rows of kKeyChunk ----
-
-// v[j] = the sum of a[j]'s lanes, for kLanes vectors: log2(kLanes) levels of pairwise
-// shuffles and adds (15 adds for 16 vectors of 16 lanes, not 16 separate reductions).
-template <int H, int... I>
-inline vfloat fold_halves(vfloat x, vfloat y, std::integer_sequence<int, I...>) {
-  return __builtin_shufflevector(x, y, (I / H * 2 * H + I % H)...) +
-         __builtin_shufflevector(x, y, (I / H * 2 * H + H + I % H)...);
-}
-
-template <int H>
-inline void fold_level(vfloat* a) {
-  for (int i = 0; i < 2 * H; i += 2)  // 2H vectors in, H out
-    a[i / 2] = fold_halves<H>(a[i], a[i + 1], std::make_integer_sequence<int, kLanes>{});
-  if constexpr (H > 1) fold_level<H / 2>(a);
-}
-
-template <int D>
-inline void narrow_scores(const float* q, const float* const* krow, int64_t nj, const TileState& t) {
-  constexpr int V = D / kLanes;
-  for (int64_t j0 = 0; j0 < nj; j0 += kLanes) {
-    const float* kp[kLanes];
-    for (int j = 0; j < kLanes; ++j) kp[j] = krow[std::min<int64_t>(j0 + j, nj - 1)];  // past nj: ignored
-    for (int64_t mm = 0; mm < t.rows; ++mm) {
-      vfloat qv[V];
-      for (int v = 0; v < V; ++v) qv[v] = load(q + mm * D + v * kLanes);
-      vfloat a[kLanes];
-      for (int j = 0; j < kLanes; ++j) {
-        a[j] = qv[0] * load(kp[j]);
-        for (int v = 1; v < V; ++v) a[j] += qv[v] * load(kp[j] + v * kLanes);
-      }
-      fold_level<kLanes / 2>(a);
-      store(t.s + mm * kKeyChunk + j0, a[0]);
-    }
-  }
-}
-
-inline void narrow_softmax(int64_t key0, int64_t nj, const TileState& t) {
-  vint lane;
-  for (int i = 0; i < kLanes; ++i) lane[i] = i;
-  for (int64_t mm = 0; mm < t.rows; ++mm) {
-    float* s = t.s + mm * kKeyChunk;
-    const int32_t seen = static_cast<int32_t>(std::min<int64_t>(nj, t.pos[mm] - key0 + 1));  // keys < seen count
-    vfloat v[kKeyChunk / kLanes];
-    vfloat m = splat(kNegInf);
-    for (int i = 0; i < kKeyChunk / kLanes; ++i) {
-      v[i] = lane + i * static_cast<int32_t>(kLanes) < seen ? load(s + i * kLanes) : splat(kNegInf);
-      m = vmax(m, v[i]);
-    }
-    float top = m[0];
-    for (int i = 1; i < kLanes; ++i) top = std::max(top, m[i]);
-    const float old = t.mx[mm], now = std::max(old, top);
-    const float ref = now == kNegInf ? 0.0f : now;  // every key masked so far: no inf - inf
-    vfloat sum{};
-    for (int i = 0; i < kKeyChunk / kLanes; ++i) {
-      const vfloat e = exp_nonpositive(v[i] - ref);
-      store(s + i * kLanes, e);
-      sum += e;
-    }
-    float total = 0.0f;
-    for (int i = 0; i < kLanes; ++i) total += sum[i];
-    const float alpha = old == kNegInf ? 0.0f : std::exp(old - ref);
-    t.alpha[mm] = alpha;
-    t.l[mm] = t.l[mm] * alpha + total;
-    t.mx[mm] = now;
-  }
-}
-
-// ---- values, either layout: acc[row] = acc[row] * alpha[row] + sum_j p(j, row) v_j ----
+// ---- values: acc[row] = acc[row] * alpha[row] + sum_j p(j, row) v_j ----
 
 // R rows at once share each load of a value row, over the C vectors of columns from c0;
 // p(j, i) = p[j * pj + i * pi].
@@ -224,9 +144,8 @@ inline void value_step(const float* const* vrow, int64_t nj, const float* p, int
 }
 
 template <int D>
-inline void tile_values(const float* const* vrow, int64_t nj, int64_t d, bool narrow, const TileState& t,
-                        float* acc) {
-  const int64_t pj = narrow ? 1 : t.width, pi = narrow ? kKeyChunk : 1;
+inline void tile_values(const float* const* vrow, int64_t nj, int64_t d, const TileState& t, float* acc) {
+  const int64_t pj = t.width, pi = 1;
   if constexpr (D > 0) {
     // 8 FMA chains in flight, 8 vectors of accumulators: C column vectors of R rows
     constexpr int V = D / kLanes, C = V > 8 ? 8 : V, R = C >= 8 ? 1 : 8 / C;

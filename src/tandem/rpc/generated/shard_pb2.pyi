@@ -12,7 +12,7 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("model", "dtype", "device", "num_slots", "max_model_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens", "dflash_checkpoint", "cuda_graphs", "dflash_cuda_graphs", "dflash_dtype", "block_size", "kv_cache_memory_gb", "gpu_memory_utilization")
+    __slots__ = ("model", "dtype", "device", "num_slots", "max_model_len", "row_budget", "drafter", "draft_model", "num_speculative_tokens", "dflash_checkpoint", "cuda_graphs", "dflash_cuda_graphs", "dflash_dtype", "block_size", "kv_cache_memory_gb", "gpu_memory_utilization", "quantization")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class ShardSpec(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     device: str
@@ -45,7 +46,8 @@ class ShardSpec(_message.Message):
     block_size: int
     kv_cache_memory_gb: float
     gpu_memory_utilization: float
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_model_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., dflash_checkpoint: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., dflash_cuda_graphs: _Optional[bool] = ..., dflash_dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., kv_cache_memory_gb: _Optional[float] = ..., gpu_memory_utilization: _Optional[float] = ...) -> None: ...
+    quantization: str
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., num_slots: _Optional[int] = ..., max_model_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., dflash_checkpoint: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., dflash_cuda_graphs: _Optional[bool] = ..., dflash_dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., kv_cache_memory_gb: _Optional[float] = ..., gpu_memory_utilization: _Optional[float] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("spec", "rank", "world_size", "collective_address", "collective_timeout_s", "backend")

@@ -1,0 +1,86 @@
+"""Quantized linear layers behind one interface: `quantize(model, method)`.
+
+Methods by device:
+  cpu   int8  int8 weights (7-bit, per channel) x int8 activations (per row), oneDNN
+        int4  int4 weights (groups of 32) x bf16 activations, torch's CPU kernel
+  cuda  fp8   E4M3 weights (per channel) x E4M3 activations (per row), torch._scaled_mm
+        int4  int4 weights (groups of 64) x bf16 activations, torch's tinygemm kernel
+`resolve(...)` turns the config's `quantization` ("auto", "none" or a method) into the
+method a rank uses: "auto" is int8 on the CPU for weights that ship quantized (a
+quantized GGUF) unless dtype is set to float32, and none otherwise.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tandem.model.quant.linear import QuantizedLinear, linear_weight, quantize_model
+
+__all__ = ["QuantizedLinear", "linear_weight", "quantize", "resolve", "METHODS", "CHOICES"]
+
+log = logging.getLogger("tandem.model")
+
+METHODS = {"cpu": ("int8", "int4"), "cuda": ("fp8", "int4")}
+CHOICES = ("auto", "none", "int8", "int4", "fp8")
+
+
+def resolve(requested: str, device: torch.device, dtype_requested: str, source_quantized: bool) -> str:
+    """The method a rank on `device` runs ("none" for plain weights); raises ValueError naming
+    what this device offers where `requested` is not one of them."""
+    if requested not in CHOICES:
+        raise ValueError(f"quantization {requested!r} is not one of {', '.join(CHOICES)}")
+    if requested == "auto":
+        return "int8" if device.type == "cpu" and source_quantized and dtype_requested == "auto" else "none"
+    if requested == "none":
+        return "none"
+    offered = METHODS.get(device.type, ())
+    if requested not in offered:
+        raise ValueError(f"quantization {requested!r} does not run on {device.type}; "
+                         f"{device.type} offers: {', '.join(offered) or 'none'}")
+    return requested
+
+
+def _kernel_class(method: str, device: torch.device):
+    if device.type == "cpu":
+        from tandem.model.quant import cpu_int4, cpu_int8
+
+        module = {"int8": cpu_int8, "int4": cpu_int4}[method]
+        if not module.available():
+            raise ValueError(f"quantization {method!r}: this torch build lacks its CPU kernel")
+        return module.Int8CpuKernel if method == "int8" else module.Int4CpuKernel
+    from tandem.model.quant import cuda_fp8, cuda_int4
+
+    module = {"fp8": cuda_fp8, "int4": cuda_int4}[method]
+    if not module.available(device):
+        raise ValueError(f"quantization {method!r}: this GPU or torch build lacks its kernel "
+                         "(fp8 needs compute capability 8.9 or later)")
+    return module.Fp8CudaKernel if method == "fp8" else module.Int4CudaKernel
+
+
+def quantize(model, method: str, tokenizer=None) -> int:
+    """Quantize `model`'s linear layers in place with `method` (see resolve); returns the
+    bytes the quantized weights take (0 for "none"). int8 activations are calibrated
+    first (calibrate.py) with one forward of the float model over `tokenizer`'s ids of a
+    fixed text: on a tensor-parallel model every rank must call this at once."""
+    if method == "none":
+        return 0
+    device = model.device
+    kernel = _kernel_class(method, device)
+    before = sum(p.numel() * p.element_size() for p in model.parameters())
+    amax = None
+    if method == "int8":
+        from tandem.model.quant.calibrate import calibration_tokens, input_absmax
+
+        amax = input_absmax(model, calibration_tokens(tokenizer, model.config.vocab_size))
+
+    def make(weight, bias, keep, absmax):
+        if method == "int8":
+            return kernel(weight, bias, keep_weight=keep, input_absmax=absmax)
+        return kernel(weight, bias, keep_weight=keep)
+
+    nbytes = quantize_model(model, make, amax)
+    model.quantization = method
+    log.info("weights quantized to %s: %.0f MB of linear layers (the float model held %.0f MB)",
+             method, nbytes / 1e6, before / 1e6)
+    return nbytes
