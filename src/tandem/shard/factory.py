@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from copy import deepcopy
 from dataclasses import replace
 
 import torch
@@ -34,15 +35,27 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def _quantize(model, spec: ShardSpec, device: torch.device, loaded: LoadedModel) -> None:
-    """Quantize the rank's (sharded) linear layers as spec.quantization resolves on this device."""
+def _quantization(spec: ShardSpec, device: torch.device, loaded: LoadedModel, given: bool) -> tuple[str, LoadedModel]:
+    """The method the rank's linear layers take (model.quant) and the LoadedModel to build
+    on: a model the caller passed in is shared (a test's session model, a scheduler's
+    own), so a copy of it is quantized, never the model itself."""
     from tandem.model import quant
 
     method = quant.resolve(spec.quantization, device, spec.dtype, loaded.source_quantized)
+    have = loaded.model.quantization
+    if have != method and have != "none":
+        raise ValueError(f"the model given was quantized to {have}; this rank needs {method}")
+    if have != method and given:
+        loaded = replace(loaded, model=deepcopy(loaded.model))
+    return method, loaded
+
+
+def _quantize(model, method: str, loaded: LoadedModel, device: torch.device) -> None:
+    """Quantize after any sharding: each tensor-parallel rank quantizes its own share."""
+    from tandem.model import quant
+
     if model.quantization == method:
-        return  # a model shared by the ranks of a local group: quantized once
-    if model.quantization != "none":
-        raise ValueError(f"the model was quantized to {model.quantization}, this rank asks for {method}")
+        return
     quant.quantize(model, method, loaded.tokenizer)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the float weights' memory goes to the KV pool
@@ -59,8 +72,10 @@ def build_model_shard(
 ) -> tuple[ModelShard, LoadedModel]:
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    given = loaded is not None
     if loaded is None:
         loaded = load_model(spec.model, dtype=dtype, device=device, progress=progress)
+    method, loaded = _quantization(spec, device, loaded, given)
     model = loaded.model
     cfg = loaded.config
     num_kv_heads = cfg.num_kv_heads
@@ -69,7 +84,7 @@ def build_model_shard(
 
         shard_model(model, rank, world_size, group=tp_group)
         num_kv_heads = len(kv_heads_for_rank(cfg.num_kv_heads, rank, world_size))
-    _quantize(model, spec, device, loaded)
+    _quantize(model, method, loaded, device)
     # CUDA graphs for the verify forward: one GPU rank (a tensor-parallel forward's collectives
     # stay eager), unless the spec turns them off.
     graphed = device.type == "cuda" and world_size == 1 and spec.cuda_graphs

@@ -40,6 +40,7 @@ import torch
 
 from tandem.drafters.dflash.model import DFlashDraftModel
 from tandem.model.cuda_graph import CapturedGraph, next_pow2
+from tandem.model.quant import linear_weight
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import SamplingSpec
@@ -89,10 +90,12 @@ class DFlashDrafter:
         # the LM head rows drafts may come from: all, or the checkpoint's draft vocabulary
         vocab = getattr(model, "draft_vocab", None)
         self.draft_vocab = vocab.to(self.device) if vocab is not None else None
+        # (a quantized target's head as it computes: its weights dequantized once)
+        head = linear_weight(target.lm_head)
         if vocab is not None:
-            self.head = target.lm_head.weight[self.draft_vocab].to(self.dtype)
-        elif target.lm_head.weight.dtype != self.dtype:  # e.g. a bf16 drafter beside a float32 target on a CPU
-            self.head = target.lm_head.weight.to(self.dtype)
+            self.head = head[self.draft_vocab].to(self.dtype)
+        elif head.dtype != self.dtype:  # e.g. a bf16 drafter beside a float32 target on a CPU
+            self.head = head.to(self.dtype)
         else:
             self.head = target.lm_head
         self.ctx_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]

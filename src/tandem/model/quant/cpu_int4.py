@@ -33,8 +33,9 @@ class Int4CpuKernel:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, keep_weight: bool = False):
         self.out_features, self.in_features = weight.shape
-        if self.in_features % GROUP:
-            raise ValueError(f"int4 needs in_features divisible by {GROUP}, got {self.in_features}")
+        if self.in_features % GROUP or self.out_features % 16:
+            raise ValueError(f"int4 on the CPU needs in_features divisible by {GROUP} and out_features by 16, "
+                             f"got {tuple(weight.shape)}")
         q, scale, low = quantize_groups(weight.detach())
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the kernel computes (q - 8) * scale + zero

@@ -1,0 +1,114 @@
+"""On a quantized target (the default model at int8 and int4, as `quantization` builds it)
+greedy speculation equals greedy decoding of the same quantized target, token for token,
+for every drafter and batch size, requests joining midway; and the quantized target stays
+close to the float32 one it came from."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.config import EngineConfig
+from tandem.engine import Engine
+from tandem.model.loader import load_model
+from tandem.model.quant import QuantizedLinear, cpu_int4, cpu_int8
+from tandem.sampling_params import SamplingParams
+from tandem.shard.factory import ShardSpec, build_model_shard
+from tandem.shard.local_group import LocalShardGroup
+
+from .prompts import prompts
+from .test_losslessness import run_joining_midway
+
+pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason="torch without oneDNN")
+
+SLOTS, CONTEXT, MAX_TOKENS = 8, 256, 24
+PARAMS = SamplingParams(max_tokens=MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def quantized():
+    """A fresh load of the default model (the session's float32 one stays as it is)."""
+    return load_model(None, progress=False)
+
+
+def group(loaded, method: str, **spec) -> LocalShardGroup:
+    shard, _ = build_model_shard(
+        ShardSpec(num_slots=SLOTS, max_model_len=CONTEXT, row_budget=64, device="cpu", quantization=method, **spec),
+        loaded=loaded, progress=False)
+    return LocalShardGroup(shard)
+
+
+def engine(loaded, g, drafter: str, **cfg) -> Engine:
+    config = EngineConfig(drafter=drafter, max_num_seqs=SLOTS, max_model_len=CONTEXT, row_budget=64, **cfg)
+    return Engine(g, loaded.tokenizer, loaded.eos_token_ids, config)
+
+
+@pytest.fixture(scope="module")
+def int8_group(quantized):
+    return group(quantized, "int8")
+
+
+@pytest.fixture(scope="module")
+def reference(quantized, int8_group):
+    """The int8 target's own greedy outputs, one request at a time."""
+    e = engine(quantized, int8_group, "none")
+    return {t: e.generate([t], PARAMS)[0].token_ids for t in prompts(8)}
+
+
+def check(e, batch, reference):
+    texts = prompts(batch)
+    outs = run_joining_midway(e, texts, PARAMS)
+    assert [o.token_ids for o in outs] == [reference[t] for t in texts]
+    assert sum(o.num_draft_tokens for o in outs) > 0, "no drafts were verified"
+    return outs
+
+
+def test_the_rank_runs_quantized_layers_and_leaves_the_given_model_alone(quantized, int8_group):
+    model = int8_group.shard.model
+    assert model.quantization == "int8" and isinstance(model.lm_head, QuantizedLinear)
+    assert quantized.model.quantization == "none" and not isinstance(quantized.model.lm_head, QuantizedLinear)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_ngram_on_int8_equals_int8_greedy(batch, quantized, int8_group, reference):
+    check(engine(quantized, int8_group, "ngram", adaptive=False), batch, reference)
+
+
+def test_adaptive_ngram_on_int8_equals_int8_greedy(quantized, int8_group, reference):
+    check(engine(quantized, int8_group, "ngram", adaptive=True), 8, reference)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_draft_model_on_int8_equals_int8_greedy(batch, quantized, truncated_draft_dir, reference):
+    g = group(quantized, "int8", drafter="draft-model", draft_model=truncated_draft_dir)
+    check(engine(quantized, g, "draft-model", draft_model=truncated_draft_dir, adaptive=False), batch, reference)
+
+
+def test_dflash_on_int8_equals_int8_greedy(quantized, reference):
+    # the shipped DFlash drafter reads the quantized target's embedding and (dequantized) head
+    g = group(quantized, "int8", drafter="dflash", num_speculative_tokens=7)
+    outs = check(engine(quantized, g, "dflash", adaptive=False), 4, reference)
+    assert sum(o.num_accepted_tokens for o in outs) > 0
+
+
+@pytest.mark.skipif(not cpu_int4.available(), reason="no int4 CPU kernel")
+def test_ngram_on_int4_equals_int4_greedy(quantized):
+    g = group(quantized, "int4")
+    want = {t: engine(quantized, g, "none").generate([t], PARAMS)[0].token_ids for t in prompts(4)}
+    check(engine(quantized, g, "ngram", adaptive=False), 4, want)
+
+
+def test_int8_stays_close_to_float32(quantized, int8_group):
+    """Teacher-forced over a text: the int8 model's next-token picks mostly agree with float32's."""
+    text = " ".join(prompts(8)) * 2
+    ids = quantized.tokenizer(text, return_tensors="pt").input_ids[:, :192]
+
+    def logits(model):
+        cache = model.new_cache(16, 16)
+        tables = torch.arange(1, 13, dtype=torch.int32)[None]
+        return model.forward(ids, torch.zeros(1, dtype=torch.int32), cache, tables).logits[0]
+
+    model = int8_group.shard.model
+    ref, out = logits(quantized.model), logits(model)
+    agree = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
+    kl = (ref.log_softmax(-1).exp() * (ref.log_softmax(-1) - out.log_softmax(-1))).sum(-1).mean().item()
+    assert agree > 0.85 and kl < 0.05, (agree, kl)
