@@ -36,8 +36,9 @@ CASES = [("ngram", 1), ("ngram", 8), ("draft-model", 1), ("draft-model", 8)]
 
 def config(drafter: str) -> EngineConfig:
     # adaptive=False: a fixed gamma, so both groups see the same batches whatever their speed
+    # float32: the exact path (tests/rpc/test_tp2_quantized_greedy.py runs the quantized one)
     return EngineConfig(drafter=drafter, draft_model="smollm2", max_num_seqs=8, max_model_len=128, row_budget=64,
-                        num_speculative_tokens=4, adaptive=False)
+                        num_speculative_tokens=4, adaptive=False, dtype="float32")
 
 
 def run(group, model, drafter: str, batch: int):

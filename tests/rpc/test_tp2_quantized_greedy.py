@@ -1,0 +1,48 @@
+"""Two shard processes (tensor parallel 2 over gloo, driven over gRPC) serving the default
+model at int8, each rank quantizing its own share: greedy speculation there equals greedy
+decoding of the same two-rank int8 target, token for token, with the scheduler's n-gram
+drafter and the rank-side draft-model drafter, at batch 1 and 8."""
+from __future__ import annotations
+
+import pytest
+
+from tandem.config import EngineConfig
+from tandem.engine import Engine
+from tandem.model.quant import cpu_int8
+from tandem.rpc.grpc_group import GrpcShardGroup
+from tandem.rpc.launcher import ProcessLauncher
+from tandem.sampling_params import SamplingParams
+
+from test_tp2_greedy import PROMPTS
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not cpu_int8.available(), reason="torch without oneDNN")]
+
+PARAMS = SamplingParams(max_tokens=24, temperature=0.0)
+
+
+def config(drafter: str) -> EngineConfig:
+    return EngineConfig(drafter=drafter, draft_model="smollm2", max_num_seqs=8, max_model_len=128, row_budget=64,
+                        num_speculative_tokens=4, adaptive=False, quantization="int8", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tp2_int8():
+    group = GrpcShardGroup(config("draft-model").shard_spec(), ProcessLauncher(2, threads_per_rank=1), deadline_s=120)
+    yield group
+    group.close()
+
+
+def run(group, model, drafter: str, batch: int):
+    outs = Engine(group, model.tokenizer, model.eos_token_ids, config(drafter)).generate(PROMPTS[:batch], PARAMS)
+    assert all(o.finish_reason in ("length", "stop") for o in outs), [o.error for o in outs]
+    return [o.token_ids for o in outs], sum(o.num_draft_tokens for o in outs)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("batch", [1, 8])
+def test_speculation_on_two_int8_ranks_equals_their_greedy_decoding(batch, tp2_int8, default_model):
+    want, _ = run(tp2_int8, default_model, "none", batch)
+    for drafter in ("ngram", "draft-model"):
+        ids, drafted = run(tp2_int8, default_model, drafter, batch)
+        assert ids == want, drafter
+        assert drafted > 0, f"{drafter}: no drafts were verified"
