@@ -1,9 +1,11 @@
-"""FP8 (E4M3) weights x FP8 activations on a GPU with FP8 tensor cores (Hopper and later),
-through torch._scaled_mm with one scale per weight channel and one per activation row.
+"""FP8 (E4M3) weights x FP8 activations on a GPU with FP8 tensor cores (Hopper and later):
+one scale per weight channel and one per activation row, so a row's output does not depend
+on the other rows of the batch (what greedy speculation relies on, as for bf16). A 1-row
+decode reads one byte a weight, half of bf16's.
 
-Row-wise scales keep a row's output independent of the other rows of the batch (what
-greedy speculation relies on, as for bf16). The GEMM accumulates in float32 and writes
-bfloat16. A 1-row decode then reads one byte a weight, half of bf16's.
+The GEMM runs through torch._scaled_mm with unit scales (cuBLASLt), the two scales applied
+to its bfloat16 output after (cuda_fp8_triton.py): torch's own row-wise-scaled kernel was
+no faster than bf16 at the few rows of a decode.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class Fp8CudaKernel:
         self.weight_t = q.t()  # [K, N], column-major: the layout _scaled_mm reads for its second operand
         self.scale = scale.view(1, -1).contiguous()  # [1, N]
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        self.unit = torch.ones((), dtype=torch.float32, device=weight.device)
         self.nbytes = q.numel() + self.scale.numel() * 4
         self.keep = keep_weight
 
@@ -42,9 +45,11 @@ class Fp8CudaKernel:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] == 0:
             return x.new_zeros(*lead, self.out_features)
-        xq, xs = quantize_rows_fp8(rows)
-        out = torch._scaled_mm(xq, self.weight_t, scale_a=xs, scale_b=self.scale, bias=self.bias,
-                               out_dtype=torch.bfloat16)
+        from tandem.model.quant import cuda_fp8_triton
+
+        xq, xs = cuda_fp8_triton.quantize_rows(rows.contiguous())
+        out = torch._scaled_mm(xq, self.weight_t, scale_a=self.unit, scale_b=self.unit, out_dtype=torch.bfloat16)
+        cuda_fp8_triton.scale_out(out, xs, self.scale.view(-1), self.bias)
         return out.view(*lead, self.out_features).to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
