@@ -154,9 +154,11 @@ def _source_quantized(spec: str | None, folder: str) -> bool:
     if gguf is None or not os.path.isfile(gguf):
         return False  # a plain folder, or a cache of parts made without the marker
     types = gguf_types.tensor_types(gguf)
-    try:
-        with open(marker, "w") as f:
+    try:  # written aside and renamed into place: a reader never sees half of it
+        tmp = f"{marker}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "w") as f:
             json.dump({"tensor_types": types}, f)
+        os.replace(tmp, marker)
     except OSError:
         pass  # a read-only cache: the header is read again next time
     return gguf_types.is_quantized(types)
