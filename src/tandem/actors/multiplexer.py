@@ -36,9 +36,10 @@ class Multiplexer:
     _SEND_AFTER_S goes at once even so: while the event loop takes a burst in (~0.15 ms a
     request: 64 in ~10 ms), the engine prefills the first ones instead of waiting for all."""
 
-    def __init__(self, actor, direct: bool = True):
+    def __init__(self, actor, direct: bool = True, on_report=None):
         self.actor = actor
         self.direct = direct
+        self.on_report = on_report  # called with each REPORT frame's payload (the replica's load)
         self.subscriber = f"sub-{uuid.uuid4().hex}"
         self.queues: dict[str, asyncio.Queue] = {}
         self.pump: asyncio.Task | None = None
@@ -53,6 +54,11 @@ class Multiplexer:
     @property
     def over_socket(self) -> bool:
         return self._writer is not None
+
+    def connect(self) -> asyncio.Task:
+        """Subscribe now, before any request (a router wants the replica's reports); the pump task."""
+        self._ensure_pump()
+        return self.pump
 
     def _ensure_pump(self) -> None:
         if self.pump is None or self.pump.done():
@@ -79,6 +85,8 @@ class Multiplexer:
                         reply = self._replies.pop(batch, None)
                         if reply is not None and not reply.done():
                             reply.set_result(errors)
+                    elif kind == output_channel.REPORT and self.on_report is not None:
+                        self.on_report(payload)
             else:
                 gen = self.actor.subscribe.options(num_returns="streaming").remote(self.subscriber)
                 self._subscribed.set()  # outputs before the generator runs wait in the actor

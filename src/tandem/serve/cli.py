@@ -19,7 +19,7 @@ import time
 from pydantic import ValidationError
 
 from tandem.config_flags import Option, add_flags, given
-from tandem.serve.args import TandemServeArgs
+from tandem.serve.args import EngineAutoscaling, TandemServeArgs
 
 log = logging.getLogger("tandem.serve")
 
@@ -29,7 +29,10 @@ NOTES = {"shard_num_gpus": "Not given, tandem serve takes 1 where this machine h
 
 
 def _options() -> list[Option]:
-    return [Option(name, f.annotation, f.default, f.description or "") for name, f in TandemServeArgs.model_fields.items()]
+    # a nested block (autoscaling) is one flag, parsed from its own short form or JSON
+    kinds = {"autoscaling": EngineAutoscaling.parse}
+    return [Option(name, kinds.get(name, f.annotation), f.default, f.description or "")
+            for name, f in TandemServeArgs.model_fields.items()]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
