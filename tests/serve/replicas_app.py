@@ -53,7 +53,7 @@ def reference(prompts: list[str], max_tokens: int) -> dict[str, str]:
 
     global _embedded
     if "_embedded" not in globals():
-        _embedded = Engine.from_config(progress=False, model="smollm2", **ENGINE)
+        _embedded = Engine.from_config(progress=False, model="smollm2", max_num_seqs=8, max_model_len=1024)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return {p: o.text for p, o in zip(prompts, _embedded.generate(prompts, params))}
 

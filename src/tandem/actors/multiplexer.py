@@ -66,7 +66,7 @@ class Multiplexer:
             self.pump = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        why = "the engine's output stream ended"
+        why = "the engine's output stream ended (its scheduler actor stopped or was lost)"
         # what a submission still waiting for its reply fails with: the actor's end of the
         # stream closed (it died or stopped) first, so a client may retry (503) once a
         # served app has started a new engine (what the engine took of it, its stream's
