@@ -1,34 +1,39 @@
 """One Prometheus text of several engine replicas': each replica's samples labelled
-replica="<its scheduler actor's name>", every metric family once, plus the router's own
-gauges (what /metrics serves)."""
+replica="<its scheduler actor's name>", every metric family's HELP and TYPE once, its
+samples from all replicas under them (what /metrics serves, with the router's gauges).
+
+The texts are merged as lines, not parsed into families: prometheus_client's parser
+splits a counter declared without its _total suffix (the engine's own lines) from its
+samples, and the samples must keep their names exactly."""
 from __future__ import annotations
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
-
-class _Families:
-    def __init__(self, families: list[Metric]):
-        self.families = families
-
-    def collect(self):
-        return self.families
-
-
-def merge(texts: dict[str, bytes], router_gauges: list[GaugeMetricFamily] = ()) -> bytes:
-    """texts: replica name -> its /metrics text."""
-    merged: dict[str, Metric] = {}
+def merge(texts: dict[str, bytes], extra: str = "") -> bytes:
+    """texts: replica name -> its /metrics text; extra: more exposition text, as it is."""
+    meta: dict[str, list[str]] = {}  # family -> its HELP/TYPE lines, in first-seen order
+    samples: dict[str, list[str]] = {}
     for replica, text in texts.items():
-        for family in text_string_to_metric_families(text.decode()):
-            into = merged.get(family.name)
-            if into is None:
-                into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-            into.samples.extend(Sample(s.name, {**s.labels, "replica": replica}, s.value, s.timestamp, s.exemplar)
-                                for s in family.samples)
-    from prometheus_client import CollectorRegistry
+        label = 'replica="' + replica.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        family = None
+        for line in text.decode().splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                family = line.split(" ", 3)[2]
+                if line not in meta.setdefault(family, []):
+                    meta[family].append(line)
+                samples.setdefault(family, [])
+            elif line and not line.startswith("#"):
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                key = family if family is not None and name.startswith(family) else name
+                meta.setdefault(key, [])
+                samples.setdefault(key, []).append(labelled(line, name, label))
+    out = [line for family in meta for line in (*meta[family], *samples[family])]
+    return ("\n".join(out) + "\n" + extra).encode()
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families([*merged.values(), *router_gauges]))
-    return generate_latest(registry)
+
+def labelled(line: str, name: str, label: str) -> str:
+    rest = line[len(name):]
+    if rest.startswith("{}"):
+        return f"{name}{{{label}}}{rest[2:]}"
+    if rest.startswith("{"):
+        return f"{name}{{{label},{rest[1:]}"
+    return f"{name}{{{label}}}{rest}"

@@ -239,17 +239,17 @@ class RoutedEngines:
             raise EngineUnavailableError("no engine replica answers now; retry shortly")
         return metrics_merge.merge(texts, self._router_gauges())
 
-    def _router_gauges(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        serving = GaugeMetricFamily("tandem:serving_replicas", "Engine replicas taking requests, as this ingress sees them.")
-        serving.add_metric([], len(self.router.serving()))
-        load = GaugeMetricFamily("tandem:replica_load_tokens", "Queued + running tokens of each engine replica as this "
-                                 "ingress routes on them (its last report and what was sent since).", labels=["replica"])
-        routed = CounterMetricFamily("tandem:routed_requests", "Requests this ingress sent to each engine replica, by "
-                                     "why: its cached prefix or its load.", labels=["replica", "reason"])
+    def _router_gauges(self) -> str:
+        """This ingress's view: replicas serving, each one's load as routed on, requests sent by reason."""
+        lines = ["# HELP tandem:serving_replicas Engine replicas taking requests, as this ingress sees them.",
+                 "# TYPE tandem:serving_replicas gauge", f"tandem:serving_replicas {len(self.router.serving())}",
+                 "# HELP tandem:replica_load_tokens Queued + running tokens of an engine replica as this ingress "
+                 "routes on them (its last report and what was sent since).",
+                 "# TYPE tandem:replica_load_tokens gauge"]
+        routed = ["# HELP tandem:routed_requests Requests this ingress sent to an engine replica, by why: the "
+                  "prefix it holds or its load.", "# TYPE tandem:routed_requests counter"]
         for r in self.router.replicas.values():
-            load.add_metric([r.name], r.estimate())
-            for reason in ("prefix", "load"):
-                routed.add_metric([r.name, reason], r.routed[reason])
-        return [serving, load, routed]
+            lines.append(f'tandem:replica_load_tokens{{replica="{r.name}"}} {r.estimate()}')
+            routed += [f'tandem:routed_requests_total{{replica="{r.name}",reason="{why}"}} {r.routed[why]}'
+                       for why in ("prefix", "load")]
+        return "\n".join(lines + routed) + "\n"
