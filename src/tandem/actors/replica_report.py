@@ -7,11 +7,14 @@ of the last tick; the prefix keys ride along only when they changed. A router el
 or one that just connected, asks for the whole report (SchedulerActor.report)."""
 from __future__ import annotations
 
+import logging
 import threading
 
 from tandem.actors.output_channel import REPORT
 from tandem.actors.prefix_index import PrefixIndex
 from tandem.actors.prefix_keys import prefix_keys, routing_text
+
+log = logging.getLogger("tandem.actors")
 
 
 def load_tokens(scheduler) -> tuple[int, int, int]:
@@ -50,12 +53,19 @@ class ReplicaReporter:
                     self.prefixes.note(keys, tokens // block)
 
     def after_tick(self) -> None:
-        """The step thread: take the load and send it on."""
-        tokens, running, waiting = load_tokens(self.engine.scheduler)
-        self._last = {"load_tokens": tokens, "running": running, "waiting": waiting}
-        with self._lock:
-            self.prefixes.follow(self.engine.scheduler.kv.evictions, self.launcher.generation)
-        self.channels.broadcast(REPORT, self.report(whole=False))
+        """The step thread: take the load and send it on. Never raises: a report that
+        fails must not stop the step loop."""
+        try:
+            tokens, running, waiting = load_tokens(self.engine.scheduler)
+            self._last = {"load_tokens": tokens, "running": running, "waiting": waiting}
+        except RuntimeError:  # an abort on another thread changed the queue meanwhile: the next tick counts
+            pass
+        try:
+            with self._lock:
+                self.prefixes.follow(self.engine.scheduler.kv.evictions, self.launcher.generation)
+            self.channels.broadcast(REPORT, self.report(whole=False))
+        except Exception:  # noqa: BLE001 - see above
+            log.exception("replica report failed")
 
     def report(self, whole: bool = True) -> dict:
         """The last tick's load; the prefix keys when `whole` or changed since they were last sent."""
