@@ -137,6 +137,7 @@ def two_replicas(base: str) -> dict:
     from tandem.actors import connect
 
     result: dict = {"up_s": serving(base, 2)}
+    result["outputs"] = sorted(e["outputs"] for e in health(base)["engines"].values())
     ref = reference(PROMPTS[:4], 24)
     texts = in_threads([lambda p=p: complete(base, p, 24) for p in PROMPTS[:4]])
     result["equal"] = [t == (200, ref[p]) for p, t in zip(PROMPTS[:4], texts)]

@@ -42,6 +42,7 @@ def seen() -> dict:
 
 def test_two_replicas_give_the_single_engines_greedy_text(seen):
     assert seen["two"]["equal"] == [True] * 4, seen["two"]
+    assert seen["two"]["outputs"] == ["socket", "socket"], seen["two"]  # each replica's fast same-node path
 
 
 def test_concurrent_requests_are_spread_over_both_replicas(seen):

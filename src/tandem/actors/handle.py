@@ -155,6 +155,11 @@ class TandemHandle:
         over its socket."""
         return TandemHandle(self.actor, self.info, multiplex=True, direct=direct, on_report=on_report)
 
+    @property
+    def outputs_over_socket(self) -> bool:
+        """Whether this event loop's shared subscription reads the engine's socket (same node), not Ray."""
+        return self._mux().over_socket
+
     def subscribe_now(self):
         """Open this event loop's shared subscription before any request; its pump task."""
         return self._mux().connect()

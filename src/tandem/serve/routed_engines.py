@@ -226,8 +226,14 @@ class RoutedEngines:
         return {**first, **summed, "status": "ok" if serving else "recovering", "recovering": not serving,
                 "replicas": len(serving), "replicas_known": len(each),
                 "engines": {n: {k: h.get(k) for k in ("status", "running", "waiting", "restarts", "kv_cache")}
-                            | {"load_tokens": self.router.replicas[n].load if n in self.router.replicas else None}
-                            for n, h in each.items()}}
+                            | self._view(n) for n, h in each.items()}}
+
+    def _view(self, name: str) -> dict:
+        """What this router knows of a replica: its load as routed on, how its outputs come."""
+        r = self.router.replicas.get(name)
+        if r is None:
+            return {"load_tokens": None, "outputs": None}
+        return {"load_tokens": r.estimate(), "outputs": "socket" if r.handle.outputs_over_socket else "ray"}
 
     def _draining(self, name: str) -> bool:
         r = self.router.replicas.get(name)
