@@ -97,13 +97,15 @@ async def overhead(client, url: str, n: int) -> dict:
     for _ in range(3):  # warm both
         for app in times:
             await post(client, f"{url}/{app}/v1/completions", body)
-    for _ in range(n):
-        for app, into in times.items():
+    for i in range(n):
+        for app in ("one", "two") if i % 2 == 0 else ("two", "one"):  # ABBA: neither always goes first
             t0 = time.perf_counter()
             await post(client, f"{url}/{app}/v1/completions", body)
-            into.append((time.perf_counter() - t0) * 1e3)
+            times[app].append((time.perf_counter() - t0) * 1e3)
     p50 = {app: statistics.median(v) for app, v in times.items()}
-    return {"p50_ms": p50, "added_ms": p50["two"] - p50["one"], "requests": n}
+    p25 = {app: statistics.quantiles(v, n=4)[0] for app, v in times.items()}
+    return {"p50_ms": p50, "p25_ms": p25, "added_ms": p50["two"] - p50["one"],
+            "added_p25_ms": p25["two"] - p25["one"], "requests": n}
 
 
 async def split(client, url: str, clients: int, each: int, max_tokens: int) -> dict:
@@ -159,6 +161,8 @@ async def served(args) -> dict:
     url = f"http://127.0.0.1:{args.port}"
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=args.clients + 8)) as client:
         out = {"overhead": await overhead(client, url, args.overhead_requests)}
+        if args.overhead_only:
+            return out
         out["split"] = await split(client, url, args.clients, args.split_requests, args.max_tokens)
         out["prefix"] = {}
         for app in ("two", "off", "two", "off")[:2 * args.prefix_rounds]:
@@ -184,6 +188,8 @@ def start(args) -> None:
               "max_waiting_requests": 4 * args.clients}
     apps = {"one": {"engine_replicas": 1}, "two": {"engine_replicas": 2},
             "off": {"engine_replicas": 2, "prefix_routing": False}}
+    if args.overhead_only:
+        del apps["off"]
     for name, extra in apps.items():
         serve.run(build_app({**engine, **extra}), name=name, route_prefix=f"/{name}", blocking=False)
     import httpx
@@ -219,6 +225,7 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--prefix-rounds", type=int, default=1, choices=(1, 2))
+    p.add_argument("--overhead-only", action="store_true", help="only the router's cost and the overhead (apps /one and /two)")
     args = p.parse_args()
     warn_if_busy()
     router = router_cost(args.router_reps)
@@ -227,8 +234,13 @@ def main() -> None:
     start(args)
     res = asyncio.run(served(args))
     o = res["overhead"]
-    print_table(["app", "p50 ms"], [["one replica", o["p50_ms"]["one"]], ["two replicas", o["p50_ms"]["two"]],
-                                    ["added", o["added_ms"]]], f"overhead: 1-token completions, one client, {o['requests']} each")
+    print_table(["app", "p50 ms", "p25 ms"], [["one replica", o["p50_ms"]["one"], o["p25_ms"]["one"]],
+                                              ["two replicas", o["p50_ms"]["two"], o["p25_ms"]["two"]],
+                                              ["added", o["added_ms"], o["added_p25_ms"]]],
+                f"overhead: 1-token completions, one client, {o['requests']} each, in turns")
+    if args.overhead_only:
+        json_line({"bench": "replicas", "machine": machine(), "router_us": router, **res, "args": vars(args)})
+        os._exit(0)
     s = res["split"]
     print_table(["replica", "requests", "tokens"], [[r, s["requests"][r], s["tokens"].get(r)] for r in s["requests"]]
                 + [["max / mean", s["requests_max_over_mean"], s["tokens_max_over_mean"]]],
