@@ -39,6 +39,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SYSTEM = ("You are the help desk of the {name} library. It opens at nine and closes at five, six days a week. "
           "Members borrow up to six books for three weeks; a late book costs ten cents a day. ")
+PINNED = "Answer in one word. " * 15 + "The capital of France is"  # over 256 characters: one prefix key
 QUESTIONS = ["When does it open?", "How many books may I borrow?", "What does a late book cost?",
              "Is it open on Sunday?", "How long is a loan?", "Can I renew a book?", "Who may join?",
              "Where is the reading room?"]
@@ -91,8 +92,8 @@ def minus(a: dict, b: dict) -> dict:
     return {n: {r: v - b[n].get(r, 0.0) for r, v in a[n].items()} for n in a}
 
 
-async def overhead(client, url: str, n: int) -> dict:
-    body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}
+async def overhead(client, url: str, n: int, prompt: str) -> dict:
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1, "temperature": 0}
     times = {"one": [], "two": []}
     for _ in range(3):  # warm both
         for app in times:
@@ -105,7 +106,7 @@ async def overhead(client, url: str, n: int) -> dict:
     p50 = {app: statistics.median(v) for app, v in times.items()}
     p25 = {app: statistics.quantiles(v, n=4)[0] for app, v in times.items()}
     return {"p50_ms": p50, "p25_ms": p25, "added_ms": p50["two"] - p50["one"],
-            "added_p25_ms": p25["two"] - p25["one"], "requests": n}
+            "added_p25_ms": p25["two"] - p25["one"], "requests": n, "prompt_chars": len(prompt)}
 
 
 async def split(client, url: str, clients: int, each: int, max_tokens: int) -> dict:
@@ -160,7 +161,10 @@ async def served(args) -> dict:
 
     url = f"http://127.0.0.1:{args.port}"
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=args.clients + 8)) as client:
-        out = {"overhead": await overhead(client, url, args.overhead_requests)}
+        # a short prompt has no prefix key: /two's requests take turns between its replicas;
+        # a 300-character one has one, and they all go to the replica that holds it
+        out = {"overhead": await overhead(client, url, args.overhead_requests, "The capital of France is"),
+               "overhead_pinned": await overhead(client, url, args.overhead_requests, PINNED)}
         if args.overhead_only:
             return out
         out["split"] = await split(client, url, args.clients, args.split_requests, args.max_tokens)
@@ -233,11 +237,13 @@ def main() -> None:
                 "router: the ingress's own work a request")
     start(args)
     res = asyncio.run(served(args))
-    o = res["overhead"]
-    print_table(["app", "p50 ms", "p25 ms"], [["one replica", o["p50_ms"]["one"], o["p25_ms"]["one"]],
-                                              ["two replicas", o["p50_ms"]["two"], o["p25_ms"]["two"]],
-                                              ["added", o["added_ms"], o["added_p25_ms"]]],
-                f"overhead: 1-token completions, one client, {o['requests']} each, in turns")
+    for key, what in (("overhead", "a short prompt: /two's replicas take turns"),
+                      ("overhead_pinned", "a 300-character prompt: /two sends all to the replica holding it")):
+        o = res[key]
+        print_table(["app", "p50 ms", "p25 ms"], [["one replica", o["p50_ms"]["one"], o["p25_ms"]["one"]],
+                                                  ["two replicas", o["p50_ms"]["two"], o["p25_ms"]["two"]],
+                                                  ["added", o["added_ms"], o["added_p25_ms"]]],
+                    f"{key}: 1-token completions, one client, {o['requests']} each, in turns; {what}")
     if args.overhead_only:
         json_line({"bench": "replicas", "machine": machine(), "router_us": router, **res, "args": vars(args)})
         os._exit(0)
