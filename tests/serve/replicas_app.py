@@ -153,9 +153,9 @@ def two_replicas(base: str) -> dict:
     result["prefix_hits"] = delta(per_replica(base, "tandem:prefix_cache_hits_total"), hits0)
 
     # kill one replica's scheduler actor while four streams run over both
-    ref = reference(PROMPTS[:4], 160)
+    ref = reference(PROMPTS[:4], 96)
     seen = [{} for _ in range(4)]
-    threads = [threading.Thread(target=stream, args=(base, p, 160, s)) for p, s in zip(PROMPTS, seen)]
+    threads = [threading.Thread(target=stream, args=(base, p, 96, s)) for p, s in zip(PROMPTS, seen)]
     for t in threads:
         t.start()
     wait_for(lambda: all(s.get("first") for s in seen), 120, "a first chunk on every stream", every_s=0.01)
