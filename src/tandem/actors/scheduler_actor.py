@@ -324,7 +324,7 @@ class SchedulerActor:
         """Take no more requests and wait (up to timeout_s) for those held to end; how many are left."""
         self._reporter.draining = True
         self._reporter.changed()
-        return await wait_drained(self._outputs.live, self._has_work, timeout_s)
+        return await wait_drained(self._outputs.live, self.engine.has_unfinished, timeout_s)
 
     def _restarts(self) -> int:
         return max(0, self.launcher.generation - 1)
