@@ -50,7 +50,14 @@ class RoutedEngines:
         """Serve with `first` (a TandemHandle on one engine replica) and every replica found."""
         self.info = first.info
         await self._refresh()
-        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        # serve once a replica has joined (the one `first` is on joins at once); one still
+        # loading its model joins when it is up
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not self.router.replicas and self._joining and loop.time() < deadline:
+            await asyncio.wait(list(self._joining.values()), timeout=deadline - loop.time(),
+                               return_when=asyncio.FIRST_COMPLETED)
+        self._watcher = loop.create_task(self._watch())
 
     @property
     def model_name(self) -> str:
