@@ -28,9 +28,16 @@ ALIASES = {"tensor_parallel_size": ("--shards",), "shard_num_gpus": ("--gpus-per
 NOTES = {"shard_num_gpus": "Not given, tandem serve takes 1 where this machine has a GPU (and --device is not cpu), else 0."}
 
 
+def _autoscaling(text: str) -> EngineAutoscaling:
+    try:
+        return EngineAutoscaling.parse(text)
+    except ValueError as e:  # (a ValidationError too) argparse shows this message
+        raise argparse.ArgumentTypeError(str(e).replace("\n", "; ")) from None
+
+
 def _options() -> list[Option]:
     # a nested block (autoscaling) is one flag, parsed from its own short form or JSON
-    kinds = {"autoscaling": EngineAutoscaling.parse}
+    kinds = {"autoscaling": _autoscaling}
     return [Option(name, kinds.get(name, f.annotation), f.default, f.description or "")
             for name, f in TandemServeArgs.model_fields.items()]
 
