@@ -31,8 +31,10 @@ NOTES = {"shard_num_gpus": "Not given, tandem serve takes 1 where this machine h
 def _autoscaling(text: str) -> EngineAutoscaling:
     try:
         return EngineAutoscaling.parse(text)
-    except ValueError as e:  # (a ValidationError too) argparse shows this message
-        raise argparse.ArgumentTypeError(str(e).replace("\n", "; ")) from None
+    except ValidationError as e:  # argparse shows the message
+        raise argparse.ArgumentTypeError(validation_message(e)) from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _options() -> list[Option]:
