@@ -112,3 +112,19 @@ def test_merged_metrics_label_every_replica_and_hold_each_family_once():
     assert out.count("# TYPE tandem:generation_tokens counter") == 1
     assert 'tandem:generation_tokens_total{replica="e/0"} 5.0' in out
     assert 'tandem:generation_tokens_total{replica="e/1"} 7.0' in out
+
+
+def test_tandem_serve_takes_engine_replicas_and_autoscaling_flags(capsys):
+    import argparse
+
+    from tandem.serve import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = cli.serve_args(parser.parse_args(["--autoscaling", "1:4:500", "--device", "cpu"]))
+    assert (args.autoscaling.min_replicas, args.autoscaling.max_replicas, args.autoscaling.target_load_tokens) == (1, 4, 500)
+    args = cli.serve_args(parser.parse_args(["--engine-replicas", "3", "--no-prefix-routing", "--device", "cpu"]))
+    assert args.engine_replicas == 3 and not args.prefix_routing
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--autoscaling", "3:2"])
+    assert "max_replicas 2 is below min_replicas 3" in capsys.readouterr().err
