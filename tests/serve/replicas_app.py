@@ -220,11 +220,15 @@ def autoscaled(base: str) -> dict:
 
 
 if __name__ == "__main__":
+    t0 = time.monotonic()
     port = serve_app(None, {"engine_replicas": 2})
     base = f"http://127.0.0.1:{port}"
+    up = time.monotonic()
     result = {"two": two_replicas(base)}
     print("RESULT-TWO " + json.dumps(result["two"], default=str), flush=True)
+    two = time.monotonic()
     result["auto"] = autoscaled(base)
+    result["seconds"] = {"start": up - t0, "two": two - up, "auto": time.monotonic() - two}
     print("RESULT " + json.dumps(result, default=str), flush=True)
     import ray
 
