@@ -71,8 +71,9 @@ def test_prefix_keys_are_shared_exactly_by_prompts_with_the_same_leading_chunks(
 
 def test_the_prefix_index_forgets_what_the_pool_evicted_and_everything_after_a_restart():
     index = PrefixIndex()
-    index.follow(0, 1)
     index.note([1, 2], 10)
+    index.follow(0, 1)  # the first look at the shard group's generation forgets nothing
+    assert index.keys() == {1, 2}
     index.note([3], 5)
     index.follow(8, 1)  # 8 blocks evicted: the oldest prompt's 10
     assert index.keys() == {3}

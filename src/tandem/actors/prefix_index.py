@@ -34,8 +34,8 @@ class PrefixIndex:
     def follow(self, evictions: int, generation) -> None:
         """Forget what the pool evicted since the last call, or everything after a restart."""
         if generation != self._generation:
-            self._generation = generation
-            if self._keys:
+            restarted, self._generation = self._generation is not None, generation
+            if restarted and self._keys:
                 self._keys.clear()
                 self.version += 1
         evicted, self._evictions = evictions - self._evictions, evictions
