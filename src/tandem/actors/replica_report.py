@@ -3,18 +3,24 @@ its load, whether it takes requests, and the prompt prefixes its prefix cache ho
 
 The step thread makes a report after every tick and sends it to every subscriber on the
 actor's node over its output socket (a REPORT frame), so a router there sees the load as
-of the last tick; the prefix keys ride along only when they changed. A router elsewhere,
+of the last tick; the prefix keys ride along when they changed, at most every
+PREFIXES_EVERY_S. A router elsewhere,
 or one that just connected, asks for the whole report (SchedulerActor.report)."""
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from tandem.actors.output_channel import REPORT
 from tandem.actors.prefix_index import PrefixIndex
 from tandem.actors.prefix_keys import prefix_keys, routing_text
 
 log = logging.getLogger("tandem.actors")
+
+# The prefix keys (up to 4,096: ~40 kB pickled) go with a tick's report at most this often:
+# a router counts what it sent meanwhile as held, and a busy engine does not pickle them every tick.
+PREFIXES_EVERY_S = 0.2
 
 
 def load_tokens(scheduler) -> tuple[int, int, int]:
@@ -34,6 +40,7 @@ class ReplicaReporter:
         self._lock = threading.Lock()  # the index: noted on the event loop, trimmed on the step thread
         self._last = {"load_tokens": 0, "running": 0, "waiting": 0}
         self._sent_version = -1
+        self._sent_at = 0.0
 
     @property
     def load_tokens(self) -> int:
@@ -71,11 +78,11 @@ class ReplicaReporter:
         """The last tick's load; the prefix keys when `whole` or changed since they were last sent."""
         out = dict(self._last, available=self.engine.available and not self.draining, draining=self.draining)
         with self._lock:
-            version = self.prefixes.version
-            if whole or version != self._sent_version:
+            version, now = self.prefixes.version, time.monotonic()
+            if whole or (version != self._sent_version and now - self._sent_at >= PREFIXES_EVERY_S):
                 out["prefixes"] = self.prefixes.keys()
                 if not whole:
-                    self._sent_version = version
+                    self._sent_version, self._sent_at = version, now
         return out
 
     def changed(self) -> None:
@@ -87,7 +94,6 @@ async def wait_drained(live, has_work, timeout_s: float) -> int:
     """Poll until no request has an open route (`live()`) and the engine has no work, or
     timeout_s passed; how many requests are still open."""
     import asyncio
-    import time
 
     deadline = time.monotonic() + timeout_s
     while (live() or has_work()) and time.monotonic() < deadline:
