@@ -4,8 +4,8 @@ its load, whether it takes requests, and the prompt prefixes its prefix cache ho
 The step thread makes a report after every tick and sends it to every subscriber on the
 actor's node over its output socket (a REPORT frame), so a router there sees the load as
 of the last tick; the prefix keys ride along when they changed, at most every
-PREFIXES_EVERY_S. A router elsewhere,
-or one that just connected, asks for the whole report (SchedulerActor.report)."""
+PREFIXES_EVERY_S. A router elsewhere, or one that just connected, asks for the whole
+report (SchedulerActor.report)."""
 from __future__ import annotations
 
 import logging
