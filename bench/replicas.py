@@ -132,10 +132,12 @@ async def split(client, url: str, clients: int, each: int, max_tokens: int) -> d
     return out
 
 
-async def prefix_hits(client, url: str, app: str, prefixes: int, questions: int, concurrency: int, seed: int) -> dict:
+async def prefix_hits(client, url: str, app: str, prefixes: int, questions: int, concurrency: int, seed: int,
+                      round_: int) -> dict:
+    """One round: system prompts no earlier round used (each app's pools start cold for them)."""
     names = ["tandem:prefix_cache_hits_total", "tandem:prefix_cache_queries_total", "tandem:request_success_total"]
     before = await counters(client, f"{url}/{app}", names)
-    work = [(SYSTEM.format(name=f"#{p} {'ABCDEFGHIJ'[p % 10]}") * 10, QUESTIONS[q % len(QUESTIONS)])
+    work = [(SYSTEM.format(name=f"#{p} of round {round_}") * 10, QUESTIONS[q % len(QUESTIONS)])
             for p in range(prefixes) for q in range(questions)]
     random.Random(seed).shuffle(work)
     sem = asyncio.Semaphore(concurrency)
@@ -169,9 +171,9 @@ async def served(args) -> dict:
             return out
         out["split"] = await split(client, url, args.clients, args.split_requests, args.max_tokens)
         out["prefix"] = {}
-        for app in ("two", "off", "two", "off")[:2 * args.prefix_rounds]:
+        for i, app in enumerate(("two", "off", "two", "off")[:2 * args.prefix_rounds]):
             got = await prefix_hits(client, url, app, args.prefixes, args.questions, args.concurrency,
-                                    seed=len(out["prefix"].get(app, [])))
+                                    seed=len(out["prefix"].get(app, [])), round_=i // 2)
             out["prefix"].setdefault(app, []).append(got)
         return out
 
