@@ -93,8 +93,10 @@ class Multiplexer:
                 async for ref in gen:
                     self._route(await ref)
         except Exception as e:  # noqa: BLE001 - every waiting request learns of it
-            why = f"the engine's output stream failed: {type(e).__name__}: {e}"
-            if not engine_gone(e):
+            if engine_gone(e):  # (a socket reset when the actor died: the same end as a close)
+                why = f"the engine's output stream ended (its scheduler actor was lost: {type(e).__name__}: {e})"
+            else:
+                why = f"the engine's output stream failed: {type(e).__name__}: {e}"
                 lost = ConnectionError
         finally:
             if self._writer is not None:
