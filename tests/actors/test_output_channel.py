@@ -237,3 +237,28 @@ def test_a_subscriber_that_stops_reading_is_cut_off_and_its_requests_aborted(mon
     took, still = asyncio.run(run())
     assert closed == ["stuck"] and not still
     assert took < 10, took
+
+
+def test_a_report_broadcast_reaches_every_subscriber_between_its_outputs():
+    async def run():
+        async with _connected("s1") as (channels, reader1, writer1):
+            reader2, writer2 = await output_channel.connect(channels.path, "s2")
+            await until(lambda: channels.has("s2"), 10, "the second subscriber")
+            channels.send([_output("a", 0, False, "x")], {"a": "s1"})
+            channels.broadcast(output_channel.REPORT, {"load_tokens": 7})
+            kinds1 = [k async for k, _ in _first(output_channel.frames(reader1), 2)]
+            (report,) = [p async for _, p in _first(output_channel.frames(reader2), 1)]
+            writer1.close()
+            writer2.close()
+            return kinds1, report
+
+    kinds1, report = asyncio.run(run())
+    assert kinds1 == [OUTPUTS, output_channel.REPORT] and report == {"load_tokens": 7}
+
+
+async def _first(frames, n: int):
+    async for item in frames:
+        yield item
+        n -= 1
+        if n == 0:
+            return

@@ -20,6 +20,7 @@ from tandem.serve.args import TandemServeArgs  # noqa: E402
 
 GPU_MANIFEST = checks.K8S_DIR / "rayservice.yaml"
 CPU_MANIFEST = checks.K8S_DIR / "rayservice-cpu.yaml"
+AUTOSCALING_MANIFEST = checks.K8S_DIR / "rayservice-autoscaling.yaml"
 SERVE_CONFIG = checks.REPO_ROOT / "serve_config.yaml"
 DOCKERFILE = checks.REPO_ROOT / "Dockerfile"
 BUILDER = "tandem.serve:build_app"
@@ -68,14 +69,16 @@ def pinned(pattern, text):
 
 
 def both(f):
-    return pytest.mark.parametrize("path", [GPU_MANIFEST, CPU_MANIFEST], ids=["gpu", "cpu"])(f)
+    """Every RayService manifest (the name is older than the third one)."""
+    return pytest.mark.parametrize("path", [GPU_MANIFEST, CPU_MANIFEST, AUTOSCALING_MANIFEST],
+                                   ids=["gpu", "cpu", "autoscaling"])(f)
 
 
 # --- the validator, and that it refuses what it should --------------------------------
 
 
-def test_k8s_holds_the_gpu_and_the_cpu_rayservice():
-    assert {GPU_MANIFEST, CPU_MANIFEST} <= set(checks.manifest_paths())
+def test_k8s_holds_the_gpu_the_cpu_and_the_autoscaling_rayservice():
+    assert {GPU_MANIFEST, CPU_MANIFEST, AUTOSCALING_MANIFEST} <= set(checks.manifest_paths())
 
 
 @pytest.mark.parametrize("path", checks.manifest_paths(), ids=lambda p: p.name)
@@ -222,6 +225,33 @@ def test_overriding_a_deployment_the_app_does_not_have_is_refused():
     assert len(errors) == 1 and "'tandem-ingress' is not a deployment" in errors[0], errors
 
 
+def test_the_autoscaling_manifest_sizes_its_gpu_pods_one_engine_replica_each():
+    doc = rayservice(AUTOSCALING_MANIFEST)
+    args = TandemServeArgs.model_validate(the_app_args(doc))
+    scaling = args.autoscaling
+    assert scaling is not None and scaling.max_replicas > scaling.min_replicas >= 1
+    cluster = doc["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    (name, group, container), = [g for g in pod_groups(doc) if g[0] != "head"]
+    # a pod per engine replica: the autoscaler's bounds are the engine count's
+    assert (group["minReplicas"], group["maxReplicas"]) == (scaling.min_replicas, scaling.max_replicas), name
+    assert int(container["resources"]["limits"][GPU]) == args.tensor_parallel_size * args.shard_num_gpus
+    # a second engine's scheduler does not fit beside the first: it and its shards get a pod of their own
+    engine_cpus = args.tensor_parallel_size * args.shard_num_cpus + args.scheduler_num_cpus
+    assert quantity(group["rayStartParams"]["num-cpus"]) < engine_cpus + args.scheduler_num_cpus
+    assert args.drain_timeout_s <= 600, "Serve waits drain_timeout_s + 30 s for a replica it removes"
+
+
+def test_an_autoscaling_block_that_cannot_hold_is_refused():
+    doc = rayservice(AUTOSCALING_MANIFEST)
+    for old, new in [("max_replicas: 4", "max_replicas: 0"), ("min_replicas: 1", "min_replicas: 9"),
+                     ("target_load_tokens:", "target_load_tokes:")]:
+        broken = copy.deepcopy(doc)
+        broken["spec"]["serveConfigV2"] = broken["spec"]["serveConfigV2"].replace(old, new)
+        errors = checks.manifest_errors(broken)
+        assert errors and all("args.autoscaling" in e for e in errors), (new, errors)
+
+
 def test_the_cpu_manifest_serves_the_default_model_with_no_gpu_at_all():
     doc = rayservice(CPU_MANIFEST)
     args = the_app_args(doc)
@@ -288,7 +318,7 @@ def test_ray_versions_agree_across_manifest_image_pyproject_and_the_installed_ra
 @both
 def test_every_pod_runs_this_versions_tandem_image(path):
     version = pinned(r'(?m)^version = "([^"]+)"', (checks.REPO_ROOT / "pyproject.toml").read_text())
-    flavour = "gpu" if path == GPU_MANIFEST else "cpu"
+    flavour = "cpu" if path == CPU_MANIFEST else "gpu"
     for name, _, container in pod_groups(rayservice(path)):
         assert container["image"] == f"tandem:{version}-{flavour}", name
 

@@ -146,8 +146,8 @@ def stream(port: int, seen: dict) -> None:
 
 def running(base: str) -> float:
     metrics = httpx.get(base + "/metrics", timeout=30).text
-    (line,) = [x for x in metrics.splitlines() if x.startswith("tandem:num_requests_running ")]
-    return float(line.split()[1])
+    (line,) = [x for x in metrics.splitlines() if x.startswith("tandem:num_requests_running{")]  # one replica's
+    return float(line.split()[-1])
 
 
 def lose_ingress(base: str, replicas: int) -> dict:

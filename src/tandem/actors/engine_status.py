@@ -31,7 +31,7 @@ def health(engine, restarts: int, ticks: int, step_seconds: float) -> dict:
     }
 
 
-def metrics(engine, restarts: int, ticks: int, step_seconds: float) -> bytes:
+def metrics(engine, restarts: int, ticks: int, step_seconds: float, load_tokens: int = 0) -> bytes:
     """The engine's Prometheus counters and the actor's, in the text exposition format."""
     from prometheus_client import generate_latest
 
@@ -45,6 +45,9 @@ def metrics(engine, restarts: int, ticks: int, step_seconds: float) -> bytes:
         "# HELP tandem:engine_step_seconds Seconds spent inside engine steps.",
         "# TYPE tandem:engine_step_seconds counter",
         f"tandem:engine_step_seconds_total {step_seconds}",
+        "# HELP tandem:engine_load_tokens Queued + running tokens after the last tick: what replicas are routed and autoscaled on.",
+        "# TYPE tandem:engine_load_tokens gauge",
+        f"tandem:engine_load_tokens {load_tokens}",
         "",
     ]
     return generate_latest(engine.metrics.registry) + "\n".join(lines).encode()

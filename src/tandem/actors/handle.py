@@ -85,7 +85,14 @@ def connect(name: str, namespace: str | None = "tandem") -> "TandemHandle":
     app's engine_actor_name lives in the namespace "tandem")."""
     import ray
 
-    actor = ray.get_actor(name, namespace=namespace)
+    try:
+        actor = ray.get_actor(name, namespace=namespace)
+    except ValueError:  # a served app of several engine replicas names them name/<replica>: the first
+        names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a["namespace"] == namespace and a["name"].startswith(name + "/"))
+        if not names:
+            raise
+        actor = ray.get_actor(names[0], namespace=namespace)
     return TandemHandle(actor, ray.get(actor.ready.remote()))
 
 
@@ -125,11 +132,12 @@ class TandemHandle:
     EngineUnavailableError while the shard group recovers and once the scheduler actor
     is gone (a served app then starts a new engine)."""
 
-    def __init__(self, actor, info: dict, multiplex: bool = False, direct: bool = True):
+    def __init__(self, actor, info: dict, multiplex: bool = False, direct: bool = True, on_report=None):
         self.actor = actor
         self.info = info
         self.multiplex = multiplex
         self.direct = direct
+        self.on_report = on_report  # the multiplexed subscription's replica reports go here
         # one subscription per event loop: its pump task and request queues belong to that
         # loop (a second loop, in another thread, must not share them)
         self._muxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -138,11 +146,23 @@ class TandemHandle:
         loop = asyncio.get_running_loop()
         mux = self._muxes.get(loop)
         if mux is None:
-            mux = self._muxes[loop] = Multiplexer(self.actor, self.direct)
+            mux = self._muxes[loop] = Multiplexer(self.actor, self.direct, self.on_report)
         return mux
 
-    def multiplexed(self, direct: bool = True) -> "TandemHandle":
-        return TandemHandle(self.actor, self.info, multiplex=True, direct=direct)
+    def multiplexed(self, direct: bool = True, on_report=None) -> "TandemHandle":
+        """A handle over one shared subscription; `on_report` gets the engine's reports of
+        its load after every tick (tandem.actors.replica_report) where the outputs come
+        over its socket."""
+        return TandemHandle(self.actor, self.info, multiplex=True, direct=direct, on_report=on_report)
+
+    @property
+    def outputs_over_socket(self) -> bool:
+        """Whether this event loop's shared subscription reads the engine's socket (same node), not Ray."""
+        return self._mux().over_socket
+
+    def subscribe_now(self):
+        """Open this event loop's shared subscription before any request; its pump task."""
+        return self._mux().connect()
 
     def __getstate__(self):
         return {"actor": self.actor, "info": self.info, "multiplex": self.multiplex, "direct": self.direct}
@@ -296,6 +316,16 @@ class TandemHandle:
     async def ahealth(self) -> dict:
         async with tandem_errors():
             return await self.actor.health.remote()
+
+    async def areport(self) -> dict:
+        """The engine's load, availability and cached prefix keys (tandem.actors.replica_report)."""
+        async with tandem_errors():
+            return await self.actor.report.remote()
+
+    async def adrain(self, timeout_s: float) -> int:
+        """Take no more requests; wait up to timeout_s for the held ones to end; how many are left."""
+        async with tandem_errors():
+            return await self.actor.drain.remote(timeout_s)
 
     async def ametrics(self) -> bytes:
         async with tandem_errors():

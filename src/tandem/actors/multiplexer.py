@@ -36,9 +36,10 @@ class Multiplexer:
     _SEND_AFTER_S goes at once even so: while the event loop takes a burst in (~0.15 ms a
     request: 64 in ~10 ms), the engine prefills the first ones instead of waiting for all."""
 
-    def __init__(self, actor, direct: bool = True):
+    def __init__(self, actor, direct: bool = True, on_report=None):
         self.actor = actor
         self.direct = direct
+        self.on_report = on_report  # called with each REPORT frame's payload (the replica's load)
         self.subscriber = f"sub-{uuid.uuid4().hex}"
         self.queues: dict[str, asyncio.Queue] = {}
         self.pump: asyncio.Task | None = None
@@ -54,13 +55,18 @@ class Multiplexer:
     def over_socket(self) -> bool:
         return self._writer is not None
 
+    def connect(self) -> asyncio.Task:
+        """Subscribe now, before any request (a router wants the replica's reports); the pump task."""
+        self._ensure_pump()
+        return self.pump
+
     def _ensure_pump(self) -> None:
         if self.pump is None or self.pump.done():
             self._subscribed.clear()
             self.pump = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        why = "the engine's output stream ended"
+        why = "the engine's output stream ended (its scheduler actor stopped or was lost)"
         # what a submission still waiting for its reply fails with: the actor's end of the
         # stream closed (it died or stopped) first, so a client may retry (503) once a
         # served app has started a new engine (what the engine took of it, its stream's
@@ -79,14 +85,18 @@ class Multiplexer:
                         reply = self._replies.pop(batch, None)
                         if reply is not None and not reply.done():
                             reply.set_result(errors)
+                    elif kind == output_channel.REPORT and self.on_report is not None:
+                        self.on_report(payload)
             else:
                 gen = self.actor.subscribe.options(num_returns="streaming").remote(self.subscriber)
                 self._subscribed.set()  # outputs before the generator runs wait in the actor
                 async for ref in gen:
                     self._route(await ref)
         except Exception as e:  # noqa: BLE001 - every waiting request learns of it
-            why = f"the engine's output stream failed: {type(e).__name__}: {e}"
-            if not engine_gone(e):
+            if engine_gone(e):  # (a socket reset when the actor died: the same end as a close)
+                why = f"the engine's output stream ended (its scheduler actor was lost: {type(e).__name__}: {e})"
+            else:
+                why = f"the engine's output stream failed: {type(e).__name__}: {e}"
                 lost = ConnectionError
         finally:
             if self._writer is not None:

@@ -16,7 +16,8 @@ Protocol: the subscriber connects, sends its id and a newline, and waits for b"o
 from then on the actor routes that subscriber's outputs to the socket. Then frames both
 ways: a 4-byte length, a kind byte, a pickle. Subscriber -> actor: SUBMIT (batch number,
 a list of tandem.intake.Request, as for submit_many). Actor -> subscriber: OUTPUTS (a
-list of wire outputs) and SUBMITTED (batch number, each request's Admission). When the socket
+list of wire outputs), SUBMITTED (batch number, each request's Admission) and, after
+every tick, REPORT (the replica's load: tandem.actors.replica_report). When the socket
 closes, the actor aborts the subscriber's requests; when the actor goes away, the
 subscriber reads the end of the stream.
 """
@@ -40,7 +41,7 @@ from tandem.outputs import RequestOutput
 log = logging.getLogger("tandem.actors")
 
 _HEAD = struct.Struct("<IB")  # a frame's length (after the head), its kind
-OUTPUTS, SUBMIT, SUBMITTED = 0, 1, 2
+OUTPUTS, SUBMIT, SUBMITTED, REPORT = 0, 1, 2, 3
 _SEND_BUFFER = 4 << 20  # a replica that falls behind a few ticks does not make the step thread wait
 # A subscriber this far behind has stopped reading (its process hangs): it is cut off, its
 # requests aborted, before its backlog takes the engine's memory from every other request.
@@ -69,6 +70,11 @@ class _Subscriber:
     def reply(self, batch: int, admissions: list[Admission]) -> None:
         with self.lock:
             self._write(frame(SUBMITTED, (batch, [_picklable(a) for a in admissions])))
+
+    def push(self, data: bytes) -> None:
+        """Any thread: a frame made already."""
+        with self.lock:
+            self._write(data)
 
     def _write(self, data: bytes) -> None:
         """Under the lock. Never blocks: what the socket cannot take now waits in
@@ -191,6 +197,13 @@ class OutputChannels:
             if sub is not None:  # else closed meanwhile: its requests are being aborted
                 sub.send(group)
         return rest
+
+    def broadcast(self, kind: int, payload) -> None:
+        """Any thread: one frame to every connected subscriber."""
+        if self._subscribers:
+            data = frame(kind, payload)
+            for sub in list(self._subscribers.values()):
+                sub.push(data)
 
     async def _submit(self, sub: "_Subscriber", sid: str, batch: int, requests: list[Request]) -> None:
         try:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tandem.actors import engine_status
 from tandem.actors.admissions import Admissions
 from tandem.actors.output_routes import OutputRoutes
+from tandem.actors.replica_report import ReplicaReporter, wait_drained
 from tandem.actors.settings import SchedulerSettings
 from tandem.actors.wire import merge, to_wire, to_wire_on
 from tandem.errors import EngineUnavailableError, InvalidRequestError
@@ -45,6 +46,7 @@ class SchedulerActor:
         self.settings = settings
         self._outputs = OutputRoutes(self.submit_many, self._abort_subscriber)  # the engine's sink
         self.engine, self.launcher = self._build_engine(settings)
+        self._reporter = ReplicaReporter(self.engine, self.launcher, self._outputs.channels)  # load, prefixes, draining
         self.model_name = settings.served_model_name or self.engine.model_name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -118,6 +120,7 @@ class SchedulerActor:
                 self.step_seconds += time.perf_counter() - t0
             if outs:
                 self._outputs.deliver(outs)
+            self._reporter.after_tick()
             if self.engine.recovering:
                 time.sleep(1.0)  # the restart failed; the next tick tries again
 
@@ -143,9 +146,9 @@ class SchedulerActor:
         even when a tick is running (see Engine.add_requests)."""
         self._ensure_started()
         e = self.engine
-        if not e.available:
-            return [Admission(error=EngineUnavailableError("the shard group is recovering; retry shortly"))
-                    for _ in requests]
+        if not e.available or self._reporter.draining:
+            why = "this engine replica is draining" if self._reporter.draining else "the shard group is recovering"
+            return [Admission(error=EngineUnavailableError(f"{why}; retry shortly")) for _ in requests]
         results: list[Admission | None] = [None] * len(requests)
         taken: list[tuple[int, Request]] = []  # (index, what the engine gets: the request with its id)
         ids: set[str] = set()
@@ -178,6 +181,7 @@ class SchedulerActor:
             for r in batch:
                 self._outputs.close(r.request_id)
             raise
+        self._reporter.admitted(batch, added)
         for (i, r), admission in zip(taken, added):
             results[i] = admission
             if not admission.taken:
@@ -309,7 +313,18 @@ class SchedulerActor:
 
     async def metrics(self) -> bytes:
         """The engine's Prometheus counters, in the text exposition format."""
-        return engine_status.metrics(self.engine, self._restarts(), self.ticks, self.step_seconds)
+        return engine_status.metrics(self.engine, self._restarts(), self.ticks, self.step_seconds,
+                                     self._reporter.load_tokens)
+
+    async def report(self) -> dict:
+        """This replica's load, availability and cached prefixes (tandem.actors.replica_report)."""
+        return self._reporter.report()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Take no more requests and wait (up to timeout_s) for those held to end; how many are left."""
+        self._reporter.draining = True
+        self._reporter.changed()
+        return await wait_drained(self._outputs.live, self.engine.has_unfinished, timeout_s)
 
     def _restarts(self) -> int:
         return max(0, self.launcher.generation - 1)

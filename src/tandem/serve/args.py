@@ -20,6 +20,35 @@ from tandem.drafters.registry import drafter_kind
 from tandem.errors import InvalidRequestError
 
 
+class EngineAutoscaling(BaseModel):
+    """The engine deployment's replica count following its load (tandem.serve.autoscaling)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(1, ge=1, le=256, description="Fewest engine replicas.")
+    max_replicas: int = Field(2, ge=1, le=256, description="Most engine replicas.")
+    target_load_tokens: int = Field(8192, ge=1, description="Load per replica (queued + running tokens) to keep under: one more replica once it is above for upscale_window_s; one fewer once the rest would stay under half of it for downscale_window_s.")
+    upscale_window_s: float = Field(30.0, gt=0, le=3600, description="How long the load per replica stays above the target before a replica is added.")
+    downscale_window_s: float = Field(120.0, gt=0, le=86400, description="How long the load stays low enough before a replica is removed (it drains first).")
+
+    @model_validator(mode="after")
+    def _check_bounds(self):
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"autoscaling: max_replicas {self.max_replicas} is below min_replicas {self.min_replicas}")
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> "EngineAutoscaling":
+        """From the command line: JSON of the fields, or MIN:MAX[:TARGET_LOAD_TOKENS]."""
+        if text.lstrip().startswith("{"):
+            return cls.model_validate_json(text)
+        parts = text.split(":")
+        if not 2 <= len(parts) <= 3:
+            raise ValueError(f"autoscaling: {text!r} is neither JSON nor MIN:MAX[:TARGET_LOAD_TOKENS]")
+        names = ("min_replicas", "max_replicas", "target_load_tokens")
+        return cls(**{k: int(v) for k, v in zip(names, parts)})
+
+
 class _ServingArgs(BaseModel):
     """The fields of the serving layer; TandemServeArgs adds the engine's."""
 
@@ -34,8 +63,23 @@ class _ServingArgs(BaseModel):
     max_waiting_requests: int = Field(128, ge=0, description="Requests each ingress replica holds beyond the engine's max_num_seqs slots, waiting for one; past that a request is answered 429 with Retry-After. 128 (4 x the default max_num_seqs): one at the back of that queue waits about four requests' time, beyond which coming back later serves a client better than a queue it would time out in.")
     api_key: str | None = Field(None, description="When set, requests must carry 'Authorization: Bearer <api_key>'.")
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests each ingress replica takes at once (Serve's max_ongoing_requests); more wait in the proxy.")
-    ingress_replicas: int = Field(1, ge=1, le=64, description="HTTP ingress replicas in front of the one engine, each a process of its own that parses its share of the requests and writes its share of the streams. More than 1 needs Serve's HAProxy mode in the cluster (RAY_SERVE_ENABLE_HA_PROXY=1 where Ray starts; `tandem serve --ingress-replicas N` sets it up) to put them behind one port.")
-    engine_actor_name: str | None = Field(None, description="Name the scheduler actor (Ray namespace 'tandem') so other Ray programs can use the served engine through tandem.actors.connect(name).")
+    ingress_replicas: int = Field(1, ge=1, le=64, description="HTTP ingress replicas in front of the engine replicas, each a process of its own that parses its share of the requests and writes its share of the streams. More than 1 needs Serve's HAProxy mode in the cluster (RAY_SERVE_ENABLE_HA_PROXY=1 where Ray starts; `tandem serve --ingress-replicas N` sets it up) to put them behind one port.")
+    engine_actor_name: str | None = Field(None, description="Name the scheduler actor (Ray namespace 'tandem') so other Ray programs can use the served engine through tandem.actors.connect(name). Several engine replicas (engine_replicas > 1, autoscaling) are named '<name>/<replica id>'; connect(name) finds the first.")
+    engine_replicas: int = Field(1, ge=1, le=256, description="Engine replicas, each its own scheduler actor and tensor_parallel_size shard actors in a placement group of its own; every ingress replica routes each request to one of them (prefix_routing, else the least loaded).")
+    autoscaling: EngineAutoscaling | None = Field(None, description="Scale the engine replicas on their load instead of a fixed engine_replicas: {min_replicas, max_replicas, target_load_tokens, upscale_window_s, downscale_window_s} (`tandem serve --autoscaling MIN:MAX[:TARGET]` or JSON).")
+    prefix_routing: bool = Field(True, description="Send a request whose prompt starts with a prefix an engine replica holds in its prefix cache (whole 256-character chunks of its text) to that replica, unless prefix_overload_tokens makes it too busy; else to the least loaded replica.")
+    prefix_overload_tokens: int = Field(8192, ge=0, description="How many tokens more load (queued + running) than the least loaded replica the replica holding a request's prefix may have and still get it: past that, waiting behind its queue costs more than prefilling the prefix again elsewhere would save.")
+    drain_timeout_s: float = Field(120.0, gt=0, le=3600, description="How long an engine replica that is being removed (scale-down, an update) keeps generating for the requests it holds, taking no new ones, before it stops.")
+
+    @model_validator(mode="after")
+    def _check_replicas(self):
+        if self.autoscaling is not None and self.engine_replicas != 1:
+            raise ValueError(f"engine_replicas: give engine_replicas ({self.engine_replicas}) or autoscaling, not both")
+        return self
+
+    @property
+    def fixed_single_engine(self) -> bool:
+        return self.engine_replicas == 1 and self.autoscaling is None
 
     @field_validator("dflash_checkpoint", check_fields=False)
     @classmethod

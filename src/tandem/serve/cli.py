@@ -19,7 +19,7 @@ import time
 from pydantic import ValidationError
 
 from tandem.config_flags import Option, add_flags, given
-from tandem.serve.args import TandemServeArgs
+from tandem.serve.args import EngineAutoscaling, TandemServeArgs
 
 log = logging.getLogger("tandem.serve")
 
@@ -28,8 +28,20 @@ ALIASES = {"tensor_parallel_size": ("--shards",), "shard_num_gpus": ("--gpus-per
 NOTES = {"shard_num_gpus": "Not given, tandem serve takes 1 where this machine has a GPU (and --device is not cpu), else 0."}
 
 
+def _autoscaling(text: str) -> EngineAutoscaling:
+    try:
+        return EngineAutoscaling.parse(text)
+    except ValidationError as e:  # argparse shows the message
+        raise argparse.ArgumentTypeError(validation_message(e)) from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _options() -> list[Option]:
-    return [Option(name, f.annotation, f.default, f.description or "") for name, f in TandemServeArgs.model_fields.items()]
+    # a nested block (autoscaling) is one flag, parsed from its own short form or JSON
+    kinds = {"autoscaling": _autoscaling}
+    return [Option(name, kinds.get(name, f.annotation), f.default, f.description or "")
+            for name, f in TandemServeArgs.model_fields.items()]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
