@@ -54,7 +54,8 @@ class Scheduler:
             if seq.finished:  # aborted while waiting
                 self.waiting.popleft()
                 continue
-            cached = self.kv.admit(seq.request_id, prefill_tokens(seq))
+            # a prompt to score needs every row's logits: none of it may come from the cache
+            cached = self.kv.admit(seq.request_id, prefill_tokens(seq), lookup=not seq.scores_prompt)
             if cached is None:
                 break  # first come first served: the head waits for blocks, the rest behind it
             self.waiting.popleft()
