@@ -132,7 +132,7 @@ class GenerationApp:
         prompts = req.prompts()
         self._check_prompt_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt")
         rid, created = proto.new_id("cmpl"), int(time.time())
-        if len(prompts) > 1 or req.n > 1:
+        if len(prompts) > 1 or req.n > 1 or req.echo or req.logprobs is not None:
             return await self._start_many(req, 16, rid, created, prompts)
         chunks = CompletionChunks(rid, self.model_name, created, req.include_usage)
         return await self._start(req, 16, prompts[0], None, chunks,
@@ -143,7 +143,7 @@ class GenerationApp:
         messages, tools = req.template_messages(), req.template_tools()
         self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         rid, created = proto.new_id("chatcmpl"), int(time.time())
-        if tools or req.n > 1:
+        if tools or req.n > 1 or req.logprobs:
             return await self._start_many(req, self.chat_default, rid, created, None, messages, tools)
         chunks = ChatChunks(rid, self.model_name, created, req.include_usage)
         return await self._start(req, self.chat_default, None, messages, chunks,
@@ -195,13 +195,15 @@ class GenerationApp:
         view = ChoicesView(messages is not None, rid, self.model_name, created, [r.request_id for r in requests], req.n,
                            stops=params.stop, include_usage=req.include_usage,
                            tool_names=frozenset(t["function"]["name"] for t in tools) if tools else None,
-                           parallel_tool_calls=getattr(req, "parallel_tool_calls", True))
+                           parallel_tool_calls=getattr(req, "parallel_tool_calls", True),
+                           logprobs=params.logprobs is not None, echo=getattr(req, "echo", False),
+                           detokenize=self.backend.adetokenize)
         if not req.stream:
             outs = await self.backend.agenerate_many(requests)
             failed = next((o for o in outs if o.finish_reason == "error"), None)
             if failed is not None:
                 raise generation_failed(failed.error)
-            return view.response(outs)
+            return await view.response(outs)
         outputs = self.backend.astream_many(requests, deltas_only=True)
         first = await _first_of(outputs)
         return view.sse(first, outputs), outputs
