@@ -97,7 +97,7 @@ class _Sampling(BaseModel):
             logit_bias=tuple((_bias_key(t), b) for t, b in (self.logit_bias or {}).items()),
             min_tokens=self.min_tokens,
             min_p=self.min_p,
-            structured=constraint_of(self.response_format, self.structured_outputs),
+            structured=self._constraint(),
             **self._logprob_params(),
         )
 
@@ -106,6 +106,9 @@ class _Sampling(BaseModel):
 
     def _logprob_params(self) -> dict:
         return {}
+
+    def _constraint(self):
+        return constraint_of(self.response_format, self.structured_outputs)
 
     @property
     def include_usage(self) -> bool:
@@ -198,6 +201,14 @@ class ChatCompletionRequest(ToolFields, IgnoredChatFields, _Sampling):
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs", "needs logprobs: true")
         return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None}
+
+    def _constraint(self):
+        given = constraint_of(self.response_format, self.structured_outputs)
+        forced = self.tool_call_constraint()
+        if forced is not None and given is not None:
+            raise InvalidRequestError("tool_choice", "a required or named tool call constrains the output already; "
+                                      "give no response_format or structured_outputs with it")
+        return forced or given
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
