@@ -82,3 +82,17 @@ def test_logprobs_out_of_range_are_a_400_naming_the_field(server, path, body, fi
     r = httpx.post(server.base_url + path, json={"model": server.model, "max_tokens": 2, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+def test_best_of_returns_the_choice_of_highest_cumulative_logprob(openai_client, server):
+    kw = dict(model=server.model, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=5)
+    every = openai_client.completions.create(n=3, logprobs=0, **kw)  # the same three choices (seeds 5, 6, 7)
+    scores = [sum(c.logprobs.token_logprobs) for c in every.choices]
+    best = openai_client.completions.create(n=1, best_of=3, **kw)
+    (choice,) = best.choices
+    assert choice.text == every.choices[scores.index(max(scores))].text
+    assert choice.logprobs is None  # ranked by logprobs the client did not ask for
+    assert best.usage.completion_tokens == every.usage.completion_tokens
+    two = openai_client.completions.create(n=2, best_of=3, logprobs=1, **kw)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert [sum(c.logprobs.token_logprobs) for c in two.choices] == pytest.approx(sorted(scores, reverse=True)[:2], abs=TOL)

@@ -129,7 +129,7 @@ class CompletionRequest(_Sampling):
         "The log-probability of each output token (and, with echo, each prompt token) and the N most likely there."))
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES, description=(
-        "Choices generated per prompt, the best n returned: only best_of = n (ranking needs logprobs)."))
+        "Choices generated per prompt (>= n), the n of highest cumulative logprob returned; not with stream."))
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one or several."""
@@ -139,9 +139,10 @@ class CompletionRequest(_Sampling):
             raise InvalidRequestError("prompt", "must not be empty")
         if self.suffix:
             raise InvalidRequestError("suffix", "suffix is not supported")
-        if self.best_of is not None and self.best_of != self.n:
-            raise InvalidRequestError("best_of", f"only best_of = n ({self.n}) is supported, got {self.best_of}: "
-                                      "choosing the best choices needs their logprobs")
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequestError("best_of", f"must be >= n ({self.n}), got {self.best_of}")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise InvalidRequestError("best_of", "best_of > n cannot be streamed: the best are known only at the end")
         return prompts
 
     def _logprob_params(self) -> dict:
