@@ -110,6 +110,11 @@ class Sequence:
         text = out.stable(detok, ids) if stable else out.whole(detok, ids)
         return text[: self.stop_cut] if self.stop_cut is not None else text
 
+    @functools.cached_property
+    def prompt_key(self) -> tuple[int, ...]:
+        """The prompt as a key: sequences of one prompt are twins (tandem.scheduler.twin_key)."""
+        return tuple(self.prompt_ids)
+
     @property
     def scores_prompt(self) -> bool:
         """Whether its next prefill scores the prompt (the first, before any output)."""
