@@ -59,15 +59,20 @@ def check_prompt(out, hf_logprobs, top_n: int) -> None:
         assert [t for t, _, _ in lp.top] == ref[p - 1].topk(top_n).indices.tolist() or top_n == 0
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram"])
-def test_greedy_logprobs_equal_a_plain_forward_and_the_stream_agrees(drafter, make_engine, hf_logprobs):
-    engine = make_engine(drafter, adaptive=False)
+@pytest.mark.parametrize("drafter", ["none", "ngram", "draft-model"])
+def test_greedy_logprobs_equal_a_plain_forward_and_the_stream_agrees(drafter, make_engine, hf_logprobs, request):
+    if drafter == "draft-model":  # the target drafting for itself: every draft accepted
+        engine = make_engine(drafter, group=request.getfixturevalue("self_draft_group"), adaptive=False,
+                             draft_model="smollm2")
+    else:
+        engine = make_engine(drafter, adaptive=False)
     params = SamplingParams(max_tokens=12, logprobs=3, prompt_logprobs=2)
     outs = engine.generate(TEXTS, params)
     for out in outs:
         check_output(out, hf_logprobs, 3)
         check_prompt(out, hf_logprobs, 2)
-    if drafter == "ngram":
+    assert [o.token_ids for o in outs] == [o.token_ids for o in engine.generate(TEXTS, SamplingParams(max_tokens=12))]
+    if drafter != "none":
         assert sum(o.num_accepted_tokens for o in outs) > 0, "no draft was accepted: the draft path is untested"
     streamed, prompt_lps = [], None
     for out in engine.stream(TEXTS[0], params):
