@@ -96,3 +96,11 @@ def test_best_of_returns_the_choice_of_highest_cumulative_logprob(openai_client,
     two = openai_client.completions.create(n=2, best_of=3, logprobs=1, **kw)
     assert [c.index for c in two.choices] == [0, 1]
     assert [sum(c.logprobs.token_logprobs) for c in two.choices] == pytest.approx(sorted(scores, reverse=True)[:2], abs=TOL)
+
+
+def test_echo_of_token_ids_starts_with_their_text_streamed_and_not(openai_client, server, default_model):
+    ids = default_model.tokenizer("The capital of France is").input_ids
+    kw = dict(model=server.model, prompt=ids, max_tokens=3, temperature=0, echo=True)
+    text = openai_client.completions.create(**kw).choices[0].text
+    assert text.startswith("The capital of France is") and len(text) > len("The capital of France is")
+    assert "".join(c.choices[0].text for c in openai_client.completions.create(stream=True, **kw) if c.choices) == text

@@ -30,17 +30,28 @@ def verify_logprobs(logits: torch.Tensor, rows: torch.Tensor, picks: list[int],
     drafts = rows[want][:, 1:].to(device)
     drafted = lp[:, :-1].gather(-1, drafts[..., None])[..., 0]  # [m, k-1]
     top_n = max(sampling[i].logprobs for i in want)
-    top = lp.topk(top_n, dim=-1) if top_n else None
-    chosen_h, drafted_h = chosen.tolist(), drafted.tolist()
-    ids_h, vals_h = (top.indices.tolist(), top.values.tolist()) if top is not None else (None, None)
+    parts = [chosen.flatten(), drafted.flatten()]
+    if top_n:
+        top = lp.topk(top_n, dim=-1)
+        parts += [top.values.flatten(), top.indices.flatten().float()]  # ids < 2**24 are exact in fp32
+    flat = torch.cat(parts).tolist()  # one read back from the device
+    m, at = len(want), 0
+
+    def take(count: int) -> list[float]:
+        nonlocal at
+        at += count
+        return flat[at - count : at]
+
+    chosen_h, drafted_h = take(m * k), take(m * (k - 1))
+    vals_h, ids_h = (take(m * k * top_n), take(m * k * top_n)) if top_n else ([], [])
     out = [NO_LOGPROBS] * n
     for j, i in enumerate(want):
-        m = sampling[i].logprobs
+        asked, rows = sampling[i].logprobs, range(j * k, (j + 1) * k)
         out[i] = RowLogprobs(
-            chosen=chosen_h[j],
-            top_ids=[t for r in range(k) for t in ids_h[j][r][:m]] if m else [],
-            top_logprobs=[v for r in range(k) for v in vals_h[j][r][:m]] if m else [],
-            drafts=drafted_h[j],
+            chosen=chosen_h[j * k : (j + 1) * k],
+            top_ids=[int(ids_h[r * top_n + c]) for r in rows for c in range(asked)],
+            top_logprobs=[vals_h[r * top_n + c] for r in rows for c in range(asked)],
+            drafts=drafted_h[j * (k - 1) : (j + 1) * (k - 1)],
         )
     return out
 
