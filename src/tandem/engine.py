@@ -248,7 +248,8 @@ class Engine:
                 self.metrics.prompt_tokens.inc(len(s.prompt_ids))
                 self.metrics.time_to_first_token.observe(now - s.arrival)
                 s.first_token_time = now
-                s.emit(tok, self.ctx.detok, logprob_entry(res.logprobs[i], 0) if res.logprobs else None)
+                asked = res.logprobs and s.output_logprobs is not None
+                s.emit(tok, self.ctx.detok, logprob_entry(res.logprobs[i], 0) if asked else None)
                 self.metrics.generated_tokens.inc()
             s.drafts = []
             self.scheduler.committed(s)

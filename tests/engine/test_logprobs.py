@@ -88,11 +88,15 @@ def test_greedy_logprobs_equal_a_plain_forward_and_the_stream_agrees(drafter, ma
     assert flat(prompt_lps[1:])[0] == flat(outs[0].prompt_logprobs[1:])[0]
 
 
-def test_sampled_logprobs_are_the_targets_with_a_drafter(make_engine, hf_logprobs):
+def test_sampled_logprobs_are_the_targets_with_a_drafter_beside_requests_without(make_engine, hf_logprobs):
     engine = make_engine("ngram", adaptive=False)
-    (out,) = engine.generate([TEXTS[0]], SamplingParams(max_tokens=24, temperature=1.0, seed=3, logprobs=0))
+    plain = SamplingParams(max_tokens=24, temperature=1.0, seed=3)
+    out, other, greedy = engine.generate(TEXTS + [TEXTS[1]], [SamplingParams(max_tokens=24, temperature=1.0, seed=3,
+                                                                             logprobs=0), plain,
+                                                              SamplingParams(max_tokens=24)])
     check_output(out, hf_logprobs, 0, greedy=False)
     assert out.num_draft_tokens > 0
+    assert other.logprobs is None and greedy.logprobs is None and other.finish_reason in ("stop", "length")
 
 
 def test_a_prompt_prefilled_in_chunks_or_cached_is_scored_whole(make_engine, hf_logprobs):

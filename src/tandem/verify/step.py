@@ -104,7 +104,8 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
 
     for i, s in enumerate(batch):
         s.verify_failures = 0
-        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx, res.logprobs[i] if res.logprobs else None)
+        logprobs = res.logprobs[i] if s.output_logprobs is not None else None  # only for those that asked
+        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx, logprobs)
         ctx.kv_committed(s)  # the rows past its new length go back to the pool
     ctx.metrics.record_verify([len(d) for d in drafts], accepted)
 
