@@ -8,6 +8,18 @@ class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._backend = _backend_decode(tokenizer)
+        self._tokens: dict[int, str] = {}  # token id -> its text alone (logprobs name many, often)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text alone, special tokens included (what a logprob names)."""
+        text = self._tokens.get(token_id)
+        if text is None:
+            if self._backend is not None:
+                text = self._backend([token_id], skip_special_tokens=False)
+            else:
+                text = self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            self._tokens[token_id] = text
+        return text
 
     def text(self, token_ids: list[int]) -> str:
         # No clean-up of spaces: it rewrites text across token boundaries (" ." -> "."),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tandem.detokenizer import Detokenizer
-from tandem.outputs import RequestOutput, Usage
+from tandem.outputs import RequestOutput, TokenLogprob, Usage
 from tandem.sequence import Sequence
 
 
@@ -69,7 +69,28 @@ def build_output(due: DueOutput, detok: Detokenizer) -> RequestOutput:
         num_drafts=due.num_drafts,
         num_draft_tokens=due.num_draft_tokens,
         num_accepted_tokens=due.num_accepted_tokens,
+        **_logprobs(seq, due, detok),
     )
+
+
+def _logprobs(seq: Sequence, due: DueOutput, detok: Detokenizer) -> dict:
+    """The output's logprob fields, where the request asked for them."""
+    out = {}
+    if seq.output_logprobs is not None:
+        built = seq.built_logprobs  # each entry is built once, not once a tick
+        built += [token_logprob(t, e, detok) for t, e in zip(seq.output_ids[len(built) : due.tokens],
+                                                             seq.output_logprobs[len(built) : due.tokens])]
+        whole = built[: due.tokens]
+        out["logprobs"], out["delta_logprobs"] = whole, whole[due.prev_tokens :]
+    if seq.prompt_logprobs is not None and (due.prev_tokens == 0 or due.finished):
+        out["prompt_logprobs"] = [None if e is None else token_logprob(t, e, detok)
+                                  for t, e in zip(seq.prompt_ids, seq.prompt_logprobs)]
+    return out
+
+
+def token_logprob(token: int, entry: tuple[float, tuple], detok: Detokenizer) -> TokenLogprob:
+    logprob, top = entry
+    return TokenLogprob(token, detok.token_text(token), logprob, tuple((t, detok.token_text(t), v) for t, v in top))
 
 
 def stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:

@@ -37,7 +37,7 @@ from tandem.outputs import RequestOutput
 from tandem.release import OutputRelease, Sink
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import Scheduler, prefill_tokens
-from tandem.sequence import FinishReason, Sequence
+from tandem.sequence import FinishReason, Sequence, logprob_entry, record_prompt_logprobs
 from tandem.shard.commands import PrefillItem
 from tandem.verify.step import StepContext, propose_drafts, verify_step
 
@@ -236,7 +236,9 @@ class Engine:
         now = self.clock.now()
         self.ctx.cost.record_prefill(sum(len(it.tokens) - it.cached_len for it in items), (now - t0) * 1000.0)
         started = []
-        for (s, start, end), tok in zip(chunks, res.next_tokens):
+        for i, ((s, start, end), tok) in enumerate(zip(chunks, res.next_tokens)):
+            if items[i].prompt_logprobs is not None:
+                record_prompt_logprobs(s, start, res.prompt_logprobs[i] if res.prompt_logprobs else None)
             if start == s.cached_len:  # its first chunk
                 self.metrics.record_prefix_hit(len(prefill_tokens(s)), s.cached_len)
                 self.metrics.queue_time.observe(t0 - s.arrival)
@@ -246,7 +248,8 @@ class Engine:
                 self.metrics.prompt_tokens.inc(len(s.prompt_ids))
                 self.metrics.time_to_first_token.observe(now - s.arrival)
                 s.first_token_time = now
-                s.emit(tok, self.ctx.detok)
+                asked = res.logprobs and s.output_logprobs is not None
+                s.emit(tok, self.ctx.detok, logprob_entry(res.logprobs[i], 0) if asked else None)
                 self.metrics.generated_tokens.inc()
             s.drafts = []
             self.scheduler.committed(s)
@@ -261,8 +264,11 @@ class Engine:
         blocks = self.scheduler.table(s)[: -(-end // self.scheduler.kv.block_size)]  # those of its first `end`
         # the grammar's start state masks the pick after the prompt (a later chunk's pick is not read)
         mask = start_mask(s.grammar, self.intake.grammars.words) if s.grammar and not s.output_ids else b""
-        return PrefillItem(slot=s.slot, tokens=prefill_tokens(s)[:end], sampling=s.sampling, blocks=blocks,
-                           cached_len=start, grammar_mask=mask)
+        tokens = prefill_tokens(s)
+        scored = s.scores_prompt  # the first prefill of a request that asked for prompt logprobs
+        return PrefillItem(slot=s.slot, tokens=tokens[:end], sampling=s.sampling, blocks=blocks, cached_len=start,
+                           grammar_mask=mask, prompt_logprobs=s.params.prompt_logprobs if scored else None,
+                           next_token=tokens[end] if scored and end < len(tokens) else -1)
 
     def _recover(self) -> list[RequestOutput]:
         """Restart a lost shard group and re-prefill every running sequence from its tokens;

@@ -2,6 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class TokenLogprob(NamedTuple):
+    """A token with the target's raw log-probability of it and its row's top N (as
+    SamplingParams.logprobs asks): (token id, text, logprob) each, most likely first."""
+
+    token_id: int
+    token: str  # its text alone
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,11 @@ class RequestOutput:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # params.logprobs: one for each of token_ids / delta_token_ids; None when not asked
+    logprobs: list[TokenLogprob] | None = None
+    delta_logprobs: list[TokenLogprob] | None = None
+    # params.prompt_logprobs: one for each prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def acceptance_length(self) -> float:

@@ -8,6 +8,7 @@ from tandem.errors import InvalidRequestError
 from tandem.grammar.constraint import GrammarConstraint
 
 INT32_MAX = 2**31 - 1  # top_k and token ids travel to the shard ranks as int32
+MAX_LOGPROBS = 20  # the most top logprobs a token may carry (tandem.sampling.logprobs)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,10 @@ class SamplingParams:
     min_p: float = 0.0
     # the output must match this grammar (tandem.grammar); compiled at intake
     structured: GrammarConstraint | None = None
+    # the target's raw log-probability of every output token, with its row's top N
+    # (0..20); None = none. prompt_logprobs: the same for the prompt's tokens (the first has none)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs so the params stay hashable and immutable.
@@ -69,6 +74,10 @@ class SamplingParams:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT32_MAX:
                 raise InvalidRequestError("stop_token_ids", f"must be token ids in [0, {INT32_MAX}], got {t!r}")
         self._check_rules()
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS):
+                raise InvalidRequestError(name, f"must be an integer in [0, {MAX_LOGPROBS}] or None, got {v!r}")
         if self.structured is not None and not isinstance(self.structured, GrammarConstraint):
             raise InvalidRequestError("structured", f"expected a GrammarConstraint, got {type(self.structured).__name__}")
 

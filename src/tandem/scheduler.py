@@ -9,6 +9,10 @@ prefilled again later from its own tokens (its output so far is kept; nothing is
 twice). The one allocator is tandem.kv.KVBlockManager: every rank keeps the layout the
 commands carry.
 
+Sequences of one prompt (the n choices of a request) share its KV: the first admitted
+prefills it, the others are admitted once its full blocks are cached (the tick after its
+prefill completes), so each prefills only the prompt's last, partial block.
+
 A tick prefills at most `max_prefill_tokens` prompt tokens: a longer prompt, or a burst of
 prompts, is prefilled in chunks over several ticks (the oldest first), and the running
 sequences keep decoding between them. An admitted sequence is verified only once its
@@ -48,13 +52,19 @@ class Scheduler:
         """Waiting sequences that get a slot and their prompt's blocks now (continuous
         batching: between ticks). seq.cached_len: how much of its prefill the prefix cache
         holds already."""
-        admitted = []
+        admitted, deferred = [], []
+        in_prefill = {twin_key(s, self.kv) for s in self.running if s.request_id in self.prefilling} - {None}
         while self.waiting and self.free_slots and len(self.running) < self.max_batch:
             seq = self.waiting[0]
             if seq.finished:  # aborted while waiting
                 self.waiting.popleft()
                 continue
-            cached = self.kv.admit(seq.request_id, prefill_tokens(seq))
+            key = twin_key(seq, self.kv)
+            if key in in_prefill:  # its twin computes the prompt's blocks: this one takes them cached, next tick
+                deferred.append(self.waiting.popleft())
+                continue
+            # a prompt to score needs every row's logits: none of it may come from the cache
+            cached = self.kv.admit(seq.request_id, prefill_tokens(seq), lookup=not seq.scores_prompt)
             if cached is None:
                 break  # first come first served: the head waits for blocks, the rest behind it
             self.waiting.popleft()
@@ -65,6 +75,9 @@ class Scheduler:
             self.prefilling[seq.request_id] = cached
             self.running.append(seq)
             admitted.append(seq)
+            if key is not None:
+                in_prefill.add(key)
+        self.waiting.extendleft(reversed(deferred))
         return admitted
 
     def prefill_chunks(self) -> list[tuple[Sequence, int, int]]:
@@ -197,6 +210,16 @@ class Scheduler:
         self.kv.free(seq.request_id)
         self._admitted_at.pop(seq.request_id, None)
         self.prefilling.pop(seq.request_id, None)
+
+
+def twin_key(seq: Sequence, kv: KVBlockManager) -> tuple | None:
+    """What sequences with the same first prompt share (the n choices of one request): its
+    prompt, when its first admission could take full blocks of it from the prefix cache; else
+    None. Of twins admitted together only the first prefills the prompt's blocks: the others
+    wait for them to be cached (Scheduler.admit)."""
+    if seq.output_ids or not kv.prefix_caching or seq.scores_prompt or len(seq.prompt_ids) <= kv.block_size:
+        return None
+    return seq.prompt_key
 
 
 def prefill_tokens(seq: Sequence) -> list[int]:

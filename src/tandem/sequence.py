@@ -65,6 +65,17 @@ class Sequence:
     # the llguidance matcher of a constrained sequence (tandem.grammar), at the end of its
     # output: it advances by emitted tokens only
     grammar: object = field(default=None, compare=False, repr=False)
+    # params.logprobs: (logprob, top N as (id, logprob) pairs) of each output token
+    output_logprobs: list[tuple[float, tuple]] | None = field(default=None, compare=False, repr=False)
+    # params.prompt_logprobs: the same of each prompt token (None for the first), once its prefill scored it
+    prompt_logprobs: list[tuple[float, tuple] | None] | None = field(default=None, compare=False, repr=False)
+    built_logprobs: list = field(default_factory=list, compare=False, repr=False)  # tandem.due_outputs' TokenLogprobs
+
+    def __post_init__(self) -> None:
+        if self.params.logprobs is not None and self.output_logprobs is None:
+            self.output_logprobs = []
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * len(self.prompt_ids)
 
     # ---- derived ------------------------------------------------------------------------
 
@@ -99,11 +110,21 @@ class Sequence:
         text = out.stable(detok, ids) if stable else out.whole(detok, ids)
         return text[: self.stop_cut] if self.stop_cut is not None else text
 
+    @functools.cached_property
+    def prompt_key(self) -> tuple[int, ...]:
+        """The prompt as a key: sequences of one prompt are twins (tandem.scheduler.twin_key)."""
+        return tuple(self.prompt_ids)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether its next prefill scores the prompt (the first, before any output)."""
+        return self.prompt_logprobs is not None and not self.output_ids
+
     @property
     def sampling(self) -> SamplingSpec:
         p = self.params
         return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k), seed=self.seed,
-                            min_p=float(p.min_p), rules=self.logit_rules)
+                            min_p=float(p.min_p), rules=self.logit_rules, logprobs=p.logprobs)
 
     @functools.cached_property
     def logit_rules(self) -> LogitRules | None:
@@ -121,10 +142,13 @@ class Sequence:
 
     # ---- transitions --------------------------------------------------------------------
 
-    def emit(self, token: int, detok: Detokenizer | None) -> None:
-        """Append one token and apply the stop conditions; nothing is emitted past them."""
+    def emit(self, token: int, detok: Detokenizer | None, logprob: tuple[float, tuple] | None = None) -> None:
+        """Append one token (with its logprob entry, when the request asked) and apply the
+        stop conditions; nothing is emitted past them."""
         assert not self.finished, "emit after finish"
         self.output_ids.append(token)
+        if self.output_logprobs is not None:
+            self.output_logprobs.append(logprob if logprob is not None else (float("nan"), ()))
         p = self.params
         if self.grammar is not None and self._grammar_ends(token):
             return
@@ -162,3 +186,18 @@ class Sequence:
         self.finish_reason = reason
         self.error = error
         self.drafts = []
+
+
+def logprob_entry(rows, row: int, draft: bool = False) -> tuple[float, tuple]:
+    """Row `row` of a RowLogprobs as a Sequence's logprob entry: the logprob of the row's pick
+    (or, draft=True, of the draft it checked) and the row's top N."""
+    return (rows.drafts[row] if draft else rows.chosen[row]), rows.top(row)
+
+
+def record_prompt_logprobs(seq: Sequence, start: int, rows) -> None:
+    """A scored prefill chunk from `start`: its rows give the logprobs of prompt tokens start + 1 on."""
+    if rows is None:
+        return
+    for r in range(len(rows.chosen)):
+        if start + 1 + r < len(seq.prompt_logprobs):
+            seq.prompt_logprobs[start + 1 + r] = logprob_entry(rows, r)

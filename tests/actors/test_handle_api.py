@@ -36,6 +36,18 @@ def test_stream_deltas_join_into_the_generated_text(tp2):
     assert all(o.text == "" and o.token_ids == [] for o in lean[:-1]) and lean[-1].text == full.text
 
 
+def test_a_stream_rebuilds_its_logprobs_as_they_were_generated(tp2):
+    kw = dict(max_tokens=8, temperature=0.0, logprobs=2, prompt_logprobs=1)
+    full = tp2.generate("The capital of France is", **kw)
+    outs = list(tp2.stream("The capital of France is", **kw))
+    assert [x.token_id for x in full.logprobs] == full.token_ids and len(full.logprobs[0].top) == 2
+    for i, o in enumerate(outs):
+        assert [x.token_id for x in o.logprobs] == o.token_ids
+        assert [x.token_id for x in o.delta_logprobs] == o.delta_token_ids
+        assert o.prompt_logprobs[0] is None and len(o.prompt_logprobs) == len(full.prompt_token_ids)
+    assert [x.token_id for x in outs[-1].logprobs] == full.token_ids
+
+
 def test_async_stream_and_generate_agree(tp2):
     async def run():
         text = ""

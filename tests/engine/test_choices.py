@@ -56,3 +56,19 @@ def test_tokenize_gives_the_ids_generation_runs_on_and_detokenize_checks_them(ma
     with pytest.raises(InvalidRequestError) as e:
         engine.tokenize(messages=[{"role": "user", "content": "Hi"}], tools=[{"type": "function", "function": {"name": "f"}}])
     assert e.value.field == "tools"  # SmolLM2's template renders no tools
+
+
+def test_n_choices_of_a_long_prompt_prefill_its_blocks_once(make_engine):
+    engine = make_engine("ngram")
+    prompt = "Choices share this prompt's KV blocks: " + " ".join(f"w{i}" for i in range(30))
+    ids = engine.tokenize(prompt)
+    bs = engine.scheduler.kv.block_size
+    cached = (len(ids) - 1) // bs * bs
+    assert cached >= 2 * bs
+    hits, queries = engine.scheduler.kv.prefix_hits, engine.scheduler.kv.prefix_queries
+    greedy = engine.generate(prompt, SamplingParams(max_tokens=6), n=4)
+    assert engine.scheduler.kv.prefix_hits - hits == 3 * cached  # the first prefilled them, the others shared
+    assert engine.scheduler.kv.prefix_queries - queries == 4 * len(ids)
+    assert len({tuple(o.token_ids) for o in greedy}) == 1
+    plain = make_engine("ngram", enable_prefix_caching=False)
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in plain.generate(prompt, SamplingParams(max_tokens=6), n=4)]

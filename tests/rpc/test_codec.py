@@ -17,6 +17,7 @@ from tandem.shard.commands import (
     PrefillResult,
     ProposeBatch,
     ProposeResult,
+    RowLogprobs,
     SamplingSpec,
     ShardLimits,
     Verdict,
@@ -59,6 +60,16 @@ def through_the_wire(msg):
          codec.encode_prefill, codec.decode_prefill),
         (PrefillResult(next_tokens=[5, 0, 49151]), codec.encode_prefill_result, codec.decode_prefill_result),
         ([PrefillItem(2, [5, 6], RULED, blocks=[4])], codec.encode_prefill, codec.decode_prefill),
+        # logprobs: asked with top 0 and top 20, a prompt scored with the token after its chunk, or not
+        ([PrefillItem(2, [5, 6], replace(SAMPLED, logprobs=0), blocks=[4], prompt_logprobs=20, next_token=0),
+          PrefillItem(1, [7], replace(GREEDY, logprobs=20), blocks=[3], prompt_logprobs=0, next_token=49151),
+          PrefillItem(0, [8], blocks=[2])], codec.encode_prefill, codec.decode_prefill),
+        (PrefillResult(next_tokens=[5, 6], logprobs=[RowLogprobs([-0.5], [5, 9], [-0.5, -1.5]), RowLogprobs()],
+                       prompt_logprobs=[RowLogprobs(), RowLogprobs([-0.25, -2.0])]),
+         codec.encode_prefill_result, codec.decode_prefill_result),
+        (VerifyResult(batch_id=9, picks=[7, 8, 9, 10], accept_probs=[1.0, 0.0, 0.5, 0.25],
+                      logprobs=[RowLogprobs([-1.0, -0.5], [7, 1, 8, 2], [-1.0, -2.0, -0.5, -3.0], [-1.0]), RowLogprobs()]),
+         codec.encode_verify_result, codec.decode_verify_result),
         (VerifyBatch(batch_id=3, n=2, k=2, slots=[0, 1], start_pos=[4, 4], tokens=[1, 2, 3, 4],
                      sampling=[GREEDY, replace(SAMPLED, rules=LogitRules(prompt_len=3))], block_tables=[[0], [1]]),
          codec.encode_verify, codec.decode_verify),
@@ -81,6 +92,12 @@ def through_the_wire(msg):
 )
 def test_every_message_survives_a_round_trip_unchanged(value, encode, decode):
     assert decode(through_the_wire(encode(value))) == value
+
+
+def test_logprobs_whose_top_lists_do_not_fit_their_rows_are_refused():
+    bad = pb.RowLogprobs(chosen=[-1.0, -2.0], top_ids=[1, 2, 3], top_logprobs=[-1.0, -2.0, -3.0])
+    with pytest.raises(ShapeError, match="logprobs"):
+        codec.decode_row_logprobs(through_the_wire(bad))
 
 
 def test_sampling_floats_travel_exactly_and_the_seed_modulo_2_64():

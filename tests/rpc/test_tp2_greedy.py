@@ -77,3 +77,23 @@ def test_two_grpc_ranks_decode_greedily_token_for_token_like_one_rank(drafter, b
     want, want_counts = one_rank[(drafter, batch)]
     assert ids == want
     assert counts == want_counts and counts[0] > 0, "the same drafts were verified (k > 1 rows) and accepted"
+
+
+LOGPROB_PARAMS = SamplingParams(max_tokens=12, temperature=0.0, logprobs=5, prompt_logprobs=2)
+
+
+def logprobs_of(group, model):
+    engine = Engine(group, model.tokenizer, model.eos_token_ids, config("draft-model"))
+    outs = engine.generate(PROMPTS[:2], LOGPROB_PARAMS)
+    return [([(x.token_id, [t for t, _, _ in x.top]) for x in o.logprobs], [x.logprob for x in o.logprobs],
+             [x.logprob for x in o.prompt_logprobs[1:]]) for o in outs]
+
+
+@pytest.mark.timeout(600)
+def test_two_grpc_ranks_return_the_logprobs_one_rank_does(tp2_group, default_model):
+    shard, _ = build_model_shard(config("draft-model").shard_spec(), loaded=default_model, progress=False)
+    want = logprobs_of(LocalShardGroup(shard), default_model)
+    got = logprobs_of(tp2_group, default_model)
+    for (ids, lps, prompt), (want_ids, want_lps, want_prompt) in zip(got, want):
+        assert ids == want_ids
+        assert lps == pytest.approx(want_lps, abs=1e-4) and prompt == pytest.approx(want_prompt, abs=1e-4)

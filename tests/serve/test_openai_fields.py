@@ -63,14 +63,16 @@ def test_batched_prompts_get_a_choice_each_in_order_equal_to_each_alone(openai_c
     assert [streamed[0], streamed[1]] == alone
 
 
-def test_tools_on_a_template_without_them_and_constrained_tool_choices_are_400s_naming_the_field(openai_client, server):
-    with pytest.raises(openai.BadRequestError) as e:
-        openai_client.chat.completions.create(model=server.model, messages=CHAT, tools=TOOLS, max_tokens=4)
-    assert e.value.body["param"] == "tools" and "template" in e.value.body["message"]
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+def test_tools_on_a_template_without_them_and_bad_tool_choices_are_400s_naming_the_field(openai_client, server):
+    for choice in (None, "required", {"type": "function", "function": {"name": "get_weather"}}):
+        extra = {} if choice is None else {"tool_choice": choice}
         with pytest.raises(openai.BadRequestError) as e:
-            openai_client.chat.completions.create(model=server.model, messages=CHAT, tools=TOOLS, tool_choice=choice,
-                                                  max_tokens=4)
+            openai_client.chat.completions.create(model=server.model, messages=CHAT, tools=TOOLS, max_tokens=4, **extra)
+        assert e.value.body["param"] == "tools" and "template" in e.value.body["message"]
+    for extra in ({"tool_choice": {"type": "function", "function": {"name": "no_such_tool"}}},
+                  {"tool_choice": "required", "response_format": {"type": "json_object"}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            openai_client.chat.completions.create(model=server.model, messages=CHAT, tools=TOOLS, max_tokens=4, **extra)
         assert e.value.body["param"] == "tool_choice"
     # "none" renders no tools: the plain chat answer
     plain = openai_client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=6, temperature=0)

@@ -62,3 +62,17 @@ def test_langchain_bind_tools_gets_the_call(qwen):
     answer = llm.bind_tools([WEATHER]).invoke(ASK[0]["content"])
     (call,) = answer.tool_calls
     assert call["name"] == "get_weather" and "paris" in call["args"]["city"].lower()
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_required_or_named_call_is_constrained_to_the_tool(qwen, tool_choice):
+    import openai
+
+    v1, model = qwen
+    client = openai.OpenAI(base_url=v1, api_key="unused", max_retries=0, timeout=300)
+    choice = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello!"}],
+                                            tools=[WEATHER], tool_choice=tool_choice, temperature=0,
+                                            max_tokens=64).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)

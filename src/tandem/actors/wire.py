@@ -24,13 +24,14 @@ from tandem.outputs import RequestOutput, Usage
 def to_wire(out: RequestOutput, first: bool) -> tuple:
     """What goes over Ray for `out`; `first`: the request's first output on this stream."""
     prompt, prompt_ids, text, ids = out.prompt, out.prompt_token_ids, out.text, out.token_ids
+    logprobs, prompt_logprobs = out.logprobs, out.prompt_logprobs
     if not out.finished:
-        text, ids = "", []
+        text, ids, logprobs = "", [], None
         if not first:
-            prompt, prompt_ids = None, []
+            prompt, prompt_ids, prompt_logprobs = None, [], None
     return (out.request_id, prompt, prompt_ids, text, ids, out.delta_text, out.delta_token_ids, out.finished,
             out.finish_reason, out.error, (out.usage.prompt_tokens, out.usage.completion_tokens), out.num_drafts,
-            out.num_draft_tokens, out.num_accepted_tokens)
+            out.num_draft_tokens, out.num_accepted_tokens, logprobs, out.delta_logprobs, prompt_logprobs)
 
 
 def to_wire_on(out: RequestOutput, started: set[str]) -> tuple:
@@ -58,10 +59,12 @@ def merge(outs: list[RequestOutput]) -> RequestOutput:
         last,
         delta_text="".join(o.delta_text for o in outs),
         delta_token_ids=[t for o in outs for t in o.delta_token_ids],
+        delta_logprobs=None if last.delta_logprobs is None else [x for o in outs for x in o.delta_logprobs or ()],
     )
     if last.finished:
         return merged  # whole already
-    return dataclasses.replace(merged, prompt=outs[0].prompt, prompt_token_ids=outs[0].prompt_token_ids)
+    return dataclasses.replace(merged, prompt=outs[0].prompt, prompt_token_ids=outs[0].prompt_token_ids,
+                               prompt_logprobs=outs[0].prompt_logprobs)
 
 
 class Rebuilder:
@@ -72,16 +75,22 @@ class Rebuilder:
         self.prompt_token_ids: list[int] = []
         self.text = ""
         self.token_ids: list[int] = []
+        self.logprobs: list | None = None
+        self.prompt_logprobs: list | None = None
 
     def __call__(self, out: RequestOutput) -> RequestOutput:
         if out.finished:
             return out
         if out.prompt_token_ids:
             self.prompt, self.prompt_token_ids = out.prompt, out.prompt_token_ids
+            self.prompt_logprobs = out.prompt_logprobs
         self.text += out.delta_text
         self.token_ids += out.delta_token_ids
+        if out.delta_logprobs is not None:
+            self.logprobs = (self.logprobs or []) + out.delta_logprobs
         return dataclasses.replace(out, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
-                                   text=self.text, token_ids=list(self.token_ids))
+                                   text=self.text, token_ids=list(self.token_ids), logprobs=self.logprobs,
+                                   prompt_logprobs=self.prompt_logprobs)
 
 
 def as_received(deltas_only: bool) -> Callable[[RequestOutput], RequestOutput]:

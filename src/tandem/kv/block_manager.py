@@ -96,7 +96,7 @@ class KVBlockManager:
         """Positions the sequence's table covers: len(table) * block_size."""
         return len(self._state(seq_id, "capacity").table) * self.block_size
 
-    def admit(self, seq_id: Hashable, tokens: list[int], reserve: int = 0) -> int | None:
+    def admit(self, seq_id: Hashable, tokens: list[int], reserve: int = 0, lookup: bool = True) -> int | None:
         """Give seq_id (which must hold no table yet: ValueError otherwise) a table
         covering positions 0..len(tokens)+reserve-1.
 
@@ -107,6 +107,9 @@ class KVBlockManager:
         logits of the next token). Returns cached_len: how many leading tokens' KV the
         table already holds (a multiple of block_size); the caller computes the rest.
 
+        lookup=False: no cached prefix is looked up (a prompt whose every row the prefill
+        must compute, to score it); its blocks are still registered as it commits them.
+
         Returns None and changes nothing (no counters either) when the free blocks
         cannot cover the rest. Hit blocks that are evictable need no allocation, but they
         leave the evictable set, so they do not count towards what the rest can take.
@@ -116,7 +119,7 @@ class KVBlockManager:
             raise ValueError(f"admit: sequence {seq_id!r} already holds a block table")
         if reserve < 0:
             raise ValueError(f"admit: reserve must be >= 0, got {reserve}")
-        hits, chain = self._longest_cached_prefix(tokens) if self.prefix_caching else ([], [])
+        hits, chain = self._longest_cached_prefix(tokens) if self.prefix_caching and lookup else ([], [])
         num_new = self.blocks_for(len(tokens) + reserve) - len(hits)
         revived = sum(1 for block in hits if self.pool.is_evictable(block))
         if num_new > self.pool.num_free() - revived:

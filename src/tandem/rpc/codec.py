@@ -18,6 +18,7 @@ from tandem.shard.commands import (
     ProposeBatch,
     ProposeResult,
     RankDrafterInfo,
+    RowLogprobs,
     SamplingSpec,
     ShardLimits,
     Verdict,
@@ -39,6 +40,8 @@ def encode_sampling(s: SamplingSpec) -> pb.SamplingSpec:
         m.min_p = s.min_p
     if s.rules is not None:
         m.rules.CopyFrom(encode_rules(s.rules))
+    if s.logprobs is not None:
+        m.logprobs = s.logprobs
     return m
 
 
@@ -46,7 +49,20 @@ def decode_sampling(m: pb.SamplingSpec) -> SamplingSpec:
     top_p = m.top_p if m.HasField("top_p") else 1.0
     min_p = m.min_p if m.HasField("min_p") else 0.0
     rules = decode_rules(m.rules) if m.HasField("rules") else None
-    return SamplingSpec(temperature=m.temperature, top_p=top_p, top_k=m.top_k, seed=m.seed, min_p=min_p, rules=rules)
+    logprobs = m.logprobs if m.HasField("logprobs") else None
+    return SamplingSpec(temperature=m.temperature, top_p=top_p, top_k=m.top_k, seed=m.seed, min_p=min_p, rules=rules,
+                        logprobs=logprobs)
+
+
+def encode_row_logprobs(r: RowLogprobs) -> pb.RowLogprobs:
+    return pb.RowLogprobs(chosen=r.chosen, top_ids=r.top_ids, top_logprobs=r.top_logprobs, drafts=r.drafts)
+
+
+def decode_row_logprobs(m: pb.RowLogprobs) -> RowLogprobs:
+    if len(m.top_ids) != len(m.top_logprobs) or (m.top_ids and len(m.top_ids) % max(1, len(m.chosen))):
+        raise ShapeError("logprobs", f"{len(m.top_ids)} top ids, {len(m.top_logprobs)} top logprobs for {len(m.chosen)} rows")
+    return RowLogprobs(chosen=list(m.chosen), top_ids=list(m.top_ids), top_logprobs=list(m.top_logprobs),
+                       drafts=list(m.drafts))
 
 
 def encode_rules(r: LogitRules) -> pb.LogitRules:
@@ -160,23 +176,32 @@ def decode_drafter_info(m: pb.DrafterInfo) -> RankDrafterInfo:
 # ---- prefill ------------------------------------------------------------------------------
 
 def encode_prefill(items: list[PrefillItem]) -> pb.PrefillRequest:
-    return pb.PrefillRequest(
-        items=[pb.PrefillItem(slot=it.slot, tokens=it.tokens, sampling=encode_sampling(it.sampling), blocks=it.blocks,
-                              cached_len=it.cached_len, grammar_mask=it.grammar_mask) for it in items]
-    )
+    return pb.PrefillRequest(items=[_encode_prefill_item(it) for it in items])
+
+
+def _encode_prefill_item(it: PrefillItem) -> pb.PrefillItem:
+    m = pb.PrefillItem(slot=it.slot, tokens=it.tokens, sampling=encode_sampling(it.sampling), blocks=it.blocks,
+                       cached_len=it.cached_len, grammar_mask=it.grammar_mask, next_token=it.next_token)
+    if it.prompt_logprobs is not None:
+        m.prompt_logprobs = it.prompt_logprobs
+    return m
 
 
 def decode_prefill(m: pb.PrefillRequest) -> list[PrefillItem]:
     return [PrefillItem(slot=it.slot, tokens=list(it.tokens), sampling=decode_sampling(it.sampling),
-                        blocks=list(it.blocks), cached_len=it.cached_len, grammar_mask=bytes(it.grammar_mask)) for it in m.items]
+                        blocks=list(it.blocks), cached_len=it.cached_len, grammar_mask=bytes(it.grammar_mask),
+                        prompt_logprobs=it.prompt_logprobs if it.HasField("prompt_logprobs") else None,
+                        next_token=it.next_token) for it in m.items]
 
 
 def encode_prefill_result(r: PrefillResult) -> pb.PrefillResult:
-    return pb.PrefillResult(next_tokens=r.next_tokens)
+    return pb.PrefillResult(next_tokens=r.next_tokens, logprobs=[encode_row_logprobs(x) for x in r.logprobs],
+                            prompt_logprobs=[encode_row_logprobs(x) for x in r.prompt_logprobs])
 
 
 def decode_prefill_result(m: pb.PrefillResult) -> PrefillResult:
-    return PrefillResult(next_tokens=list(m.next_tokens))
+    return PrefillResult(next_tokens=list(m.next_tokens), logprobs=[decode_row_logprobs(x) for x in m.logprobs],
+                         prompt_logprobs=[decode_row_logprobs(x) for x in m.prompt_logprobs])
 
 
 # ---- verify / verdict ---------------------------------------------------------------------
@@ -211,12 +236,14 @@ def decode_verify(m: pb.VerifyBatch) -> VerifyBatch:
 
 
 def encode_verify_result(r: VerifyResult) -> pb.VerifyResult:
-    return pb.VerifyResult(batch_id=r.batch_id, picks=r.picks, accept_probs=r.accept_probs)
+    return pb.VerifyResult(batch_id=r.batch_id, picks=r.picks, accept_probs=r.accept_probs,
+                           logprobs=[encode_row_logprobs(x) for x in r.logprobs])
 
 
 def decode_verify_result(m: pb.VerifyResult) -> VerifyResult:
     # accept_probs are 0/1 for greedy rows and probabilities otherwise: float32 is plenty
-    return VerifyResult(batch_id=m.batch_id, picks=list(m.picks), accept_probs=list(m.accept_probs))
+    return VerifyResult(batch_id=m.batch_id, picks=list(m.picks), accept_probs=list(m.accept_probs),
+                        logprobs=[decode_row_logprobs(x) for x in m.logprobs])
 
 
 def encode_verdict(v: Verdict) -> pb.Verdict:

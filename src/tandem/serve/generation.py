@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from tandem.choices import choice_requests
 from tandem.outputs import RequestOutput
 from tandem.serve import openai_protocol as proto
-from tandem.serve import tokenize_routes
+from tandem.serve import best_of, tokenize_routes
 from tandem.serve.choices_view import ChoicesView
 from tandem.serve.errors import APIError, bad_request, from_exception, from_validation, generation_failed
 from tandem.serve.limits import RETRY_AFTER_S, ServeLimits
@@ -132,7 +132,7 @@ class GenerationApp:
         prompts = req.prompts()
         self._check_prompt_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt")
         rid, created = proto.new_id("cmpl"), int(time.time())
-        if len(prompts) > 1 or req.n > 1:
+        if len(prompts) > 1 or req.n > 1 or req.echo or req.logprobs is not None or (req.best_of or 1) > 1:
             return await self._start_many(req, 16, rid, created, prompts)
         chunks = CompletionChunks(rid, self.model_name, created, req.include_usage)
         return await self._start(req, 16, prompts[0], None, chunks,
@@ -143,7 +143,7 @@ class GenerationApp:
         messages, tools = req.template_messages(), req.template_tools()
         self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         rid, created = proto.new_id("chatcmpl"), int(time.time())
-        if tools or req.n > 1:
+        if tools or req.n > 1 or req.logprobs:
             return await self._start_many(req, self.chat_default, rid, created, None, messages, tools)
         chunks = ChatChunks(rid, self.model_name, created, req.include_usage)
         return await self._start(req, self.chat_default, None, messages, chunks,
@@ -191,17 +191,34 @@ class GenerationApp:
         them submitted together (tandem.choices), sent as ChoicesView says."""
         params = req.sampling_params(default_max_tokens, self.max_tokens_limit, max_stop_strings=self.limits.max_stop_strings,
                                      max_stop_chars=self.limits.max_stop_chars)
-        requests = choice_requests(prompts or (), params, req.n, rid, messages=messages, tools=tools)
-        view = ChoicesView(messages is not None, rid, self.model_name, created, [r.request_id for r in requests], req.n,
-                           stops=params.stop, include_usage=req.include_usage,
-                           tool_names=frozenset(t["function"]["name"] for t in tools) if tools else None,
-                           parallel_tool_calls=getattr(req, "parallel_tool_calls", True))
+        shown_logprobs = params.logprobs is not None
+        best = max(req.n, getattr(req, "best_of", None) or 1)  # completions' best_of (tandem.serve.best_of)
+        requests = choice_requests(prompts or (), best_of.ranked_params(params) if best > req.n else params, best, rid,
+                                   messages=messages, tools=tools)
+
+        def view_of(request_ids: list[str]) -> ChoicesView:
+            return ChoicesView(messages is not None, rid, self.model_name, created, request_ids, req.n,
+                               stops=params.stop, include_usage=req.include_usage,
+                               tool_names=frozenset(t["function"]["name"] for t in tools) if tools else None,
+                               parallel_tool_calls=getattr(req, "parallel_tool_calls", True),
+                               logprobs=shown_logprobs, echo=getattr(req, "echo", False),
+                               detokenize=self.backend.adetokenize)
+
+        if best > req.n:  # never streamed (CompletionRequest.prompts)
+            outs = await self.backend.agenerate_many(requests)
+            failed = next((o for o in outs if o.finish_reason == "error"), None)
+            if failed is not None:
+                raise generation_failed(failed.error)
+            chosen = best_of.best_choices(outs, req.n, best)
+            body = await view_of([o.request_id for o in chosen]).response(chosen)
+            return {**body, "usage": best_of.usage_of_all(outs, best)}
+        view = view_of([r.request_id for r in requests])
         if not req.stream:
             outs = await self.backend.agenerate_many(requests)
             failed = next((o for o in outs if o.finish_reason == "error"), None)
             if failed is not None:
                 raise generation_failed(failed.error)
-            return view.response(outs)
+            return await view.response(outs)
         outputs = self.backend.astream_many(requests, deltas_only=True)
         first = await _first_of(outputs)
         return view.sse(first, outputs), outputs

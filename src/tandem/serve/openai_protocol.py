@@ -3,7 +3,7 @@ response / stream-chunk shapes it sends.
 
 Strict: a number sent as a string, an unknown field or a missing one is a 400 naming
 the field. Fields of the OpenAI API that tandem does not implement are accepted only
-with their neutral value (echo=false, logprobs=null); fields SDKs send that change nothing
+with their neutral value (suffix=null); fields SDKs send that change nothing
 of the generation are accepted and ignored (tandem.serve.sdk_fields).
 Extensions (as vLLM has them): top_k, ignore_eos, stop_token_ids, repetition_penalty,
 min_tokens, min_p, structured_outputs.
@@ -26,7 +26,7 @@ MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI allows 300)
 from tandem.choices import MAX_CHOICES
 from tandem.errors import InvalidRequestError
 from tandem.outputs import RequestOutput
-from tandem.sampling_params import SamplingParams
+from tandem.sampling_params import MAX_LOGPROBS, SamplingParams
 from tandem.serve.structured_fields import ResponseFormat, StructuredOutputs, constraint_of
 from tandem.serve.sdk_fields import IgnoredChatFields
 from tandem.serve.tool_fields import MessageToolCall, ToolFields, template_tool_calls
@@ -97,11 +97,18 @@ class _Sampling(BaseModel):
             logit_bias=tuple((_bias_key(t), b) for t, b in (self.logit_bias or {}).items()),
             min_tokens=self.min_tokens,
             min_p=self.min_p,
-            structured=constraint_of(self.response_format, self.structured_outputs),
+            structured=self._constraint(),
+            **self._logprob_params(),
         )
 
     def _max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def _logprob_params(self) -> dict:
+        return {}
+
+    def _constraint(self):
+        return constraint_of(self.response_format, self.structured_outputs)
 
     @property
     def include_usage(self) -> bool:
@@ -117,11 +124,12 @@ def _bias_key(key: str) -> int:
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(description=(
         "Text or token ids, or a list of prompts (texts or token-id lists): n choices of each, all admitted together."))
-    echo: bool = False
-    logprobs: int | None = None
+    echo: bool = Field(False, description="The choice's text (and logprobs) start with the prompt's.")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description=(
+        "The log-probability of each output token (and, with echo, each prompt token) and the N most likely there."))
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES, description=(
-        "Choices generated per prompt, the best n returned: only best_of = n (ranking needs logprobs)."))
+        "Choices generated per prompt (>= n), the n of highest cumulative logprob returned; not with stream."))
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one or several."""
@@ -129,16 +137,16 @@ class CompletionRequest(_Sampling):
         prompts = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
         if not p:
             raise InvalidRequestError("prompt", "must not be empty")
-        if self.echo:
-            raise InvalidRequestError("echo", "echo is not supported")
-        if self.logprobs is not None:
-            raise InvalidRequestError("logprobs", "logprobs are not supported")
         if self.suffix:
             raise InvalidRequestError("suffix", "suffix is not supported")
-        if self.best_of is not None and self.best_of != self.n:
-            raise InvalidRequestError("best_of", f"only best_of = n ({self.n}) is supported, got {self.best_of}: "
-                                      "choosing the best choices needs their logprobs")
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequestError("best_of", f"must be >= n ({self.n}), got {self.best_of}")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise InvalidRequestError("best_of", "best_of > n cannot be streamed: the best are known only at the end")
         return prompts
+
+    def _logprob_params(self) -> dict:
+        return {"logprobs": self.logprobs, "prompt_logprobs": self.logprobs if self.echo else None}
 
 
 class TextPart(BaseModel):
@@ -181,7 +189,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(ToolFields, IgnoredChatFields, _Sampling):
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
     max_completion_tokens: int | None = Field(None, description="Most tokens to generate (the newer name of max_tokens).")
-    logprobs: bool = False
+    logprobs: bool = Field(False, description="The log-probability of each output token.")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="With logprobs: the N most likely tokens at each.")
 
     @model_validator(mode="after")
     def _one_max_tokens(self):
@@ -189,12 +198,23 @@ class ChatCompletionRequest(ToolFields, IgnoredChatFields, _Sampling):
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         return self
 
+    def _logprob_params(self) -> dict:
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs", "needs logprobs: true")
+        return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None}
+
+    def _constraint(self):
+        given = constraint_of(self.response_format, self.structured_outputs)
+        forced = self.tool_call_constraint()
+        if forced is not None and given is not None:
+            raise InvalidRequestError("tool_choice", "a required or named tool call constrains the output already; "
+                                      "give no response_format or structured_outputs with it")
+        return forced or given
+
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def template_messages(self) -> list[dict]:
-        if self.logprobs:
-            raise InvalidRequestError("logprobs", "logprobs are not supported")
         out = []
         for i, m in enumerate(self.messages):
             try:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.errors import InvalidRequestError
+from tandem.serve.tool_choice import tool_call_constraint
 
 MAX_TOOLS = 128  # OpenAI's own limit
 
@@ -58,8 +59,9 @@ class ToolFields(BaseModel):
     tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS, description=(
         "Functions the model may call, rendered by the model's chat template (a template without tools is a 400)."))
     tool_choice: ToolChoice | None = Field(None, description=(
-        '"auto" (the default with tools) or "none" (tools not rendered, output not parsed). "required" and a named '
-        'function need the output constrained by the tool\'s schema and are refused for now.'))
+        '"auto" (the default with tools), "none" (tools not rendered, output not parsed), "required" (one call of '
+        'one of the tools) or a named function (one call of it): the last two constrain the output to a call block '
+        'whose arguments match the tool\'s parameters schema.'))
     parallel_tool_calls: bool = Field(True, description="false: at most the first tool call is returned.")
 
     def template_tools(self) -> list[dict] | None:
@@ -71,13 +73,15 @@ class ToolFields(BaseModel):
         choice = self.tool_choice
         if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in self.tools}:
             raise InvalidRequestError("tool_choice", f"names {choice.function.name!r}, which is not one of the tools")
-        if choice == "required" or isinstance(choice, NamedToolChoice):
-            # The hook for constrained tool calls: once structured outputs' masks exist, a
-            # required / named call constrains the output to <tool_call>{name, arguments}
-            # per the tool's parameters schema here, instead of this refusal.
-            raise InvalidRequestError("tool_choice", "a required or named tool call needs the output constrained by "
-                                      "the tool's JSON schema, which this server does not do yet; use \"auto\"")
         return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def tool_call_constraint(self):
+        """tool_choice "required" / a named function: the grammar of the call block the
+        output must be (tandem.serve.tool_choice); None otherwise."""
+        if not self.tools or self.tool_choice in (None, "auto", "none"):
+            return None
+        choice = self.tool_choice if self.tool_choice == "required" else self.tool_choice.function.name
+        return tool_call_constraint([t.model_dump(exclude_none=True) for t in self.tools], choice)
 
 
 def template_tool_calls(calls: list[MessageToolCall]) -> list[dict]:

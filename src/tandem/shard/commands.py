@@ -37,6 +37,7 @@ class SamplingSpec:
     seed: int = 0
     min_p: float = 0.0
     rules: LogitRules | None = None  # None: the logits as the model gives them
+    logprobs: int | None = None  # the picked rows' log-probabilities and their top N (tandem.sampling.logprobs); None = none
 
     @property
     def greedy(self) -> bool:
@@ -54,11 +55,40 @@ class PrefillItem:
     blocks: list[int] = field(default_factory=list)  # its block table, covering every token (tandem.kv.KVBlockManager)
     cached_len: int = 0  # leading tokens whose KV the blocks already hold (a prefix-cache hit)
     grammar_mask: bytes = b""  # the pick's allowed tokens (tandem.sampling.grammar_mask); b"" = any
+    # score the prompt: the log-probability of every token after cached_len (and of
+    # next_token, the one after the item, when >= 0) with the top N of its row; None = none
+    prompt_logprobs: int | None = None
+    next_token: int = -1
+
+
+@dataclass(frozen=True)
+class RowLogprobs:
+    """The model's own (raw) log-probabilities at some rows of one sequence: chosen[r] is
+    the row's token's (its pick, or the given token), top_ids / top_logprobs the N most
+    likely of each row (r-major), drafts[r] the draft's that row checked (verify only)."""
+
+    chosen: list[float] = field(default_factory=list)
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+    drafts: list[float] = field(default_factory=list)
+
+    def top(self, row: int) -> tuple[tuple[int, float], ...]:
+        """Row `row`'s top N as (token id, logprob), most likely first."""
+        n = len(self.top_ids) // max(1, len(self.chosen))
+        at = row * n
+        return tuple(zip(self.top_ids[at : at + n], self.top_logprobs[at : at + n]))
+
+
+NO_LOGPROBS = RowLogprobs()
 
 
 @dataclass(frozen=True)
 class PrefillResult:
     next_tokens: list[int]  # [n] the pick after each item's last token
+    # [n] or empty (none asked): the pick's RowLogprobs (one row) of items whose sampling asks
+    logprobs: list[RowLogprobs] = field(default_factory=list)
+    # [n] or empty: the scored prompt rows of items with prompt_logprobs (see PrefillItem)
+    prompt_logprobs: list[RowLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -96,6 +126,8 @@ class VerifyResult:
     batch_id: int
     picks: list[int]  # [n*k]
     accept_probs: list[float]  # [n*k]
+    # [n] or empty (none asked): k rows of each sequence whose sampling asks for logprobs
+    logprobs: list[RowLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ from tandem.errors import ShapeError
 from tandem.model.cuda_graph import next_pow2
 from tandem.model.kv_cache import PagedKVCache
 from tandem.model.verify_graphs import VerifyGraphs
+from tandem.sampling.logprobs import last_logprobs, verify_logprobs
 from tandem.sampling.rank_rule import pick_last, pick_rows
 from tandem.shard.commands import (
+    NO_LOGPROBS,
     PrefillItem,
     PrefillResult,
     ProposeBatch,
@@ -30,6 +32,7 @@ from tandem.shard.commands import (
     VerifyResult,
 )
 from tandem.shard.prefill_groups import prefill_groups
+from tandem.shard.prompt_scoring import score_prompt
 
 
 @dataclass
@@ -100,9 +103,16 @@ class ModelShard:
         # The given tokens past cached_len go into the KV; the pick after them is the
         # sequence's next token, whose KV waits for row 0 of its next verify.
         forwarded: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor] | None]] = {}
-        fresh = [len(it.tokens) - it.cached_len for it in items]
+        scored = {}  # item -> its prompt's logprobs (those that ask: every row's logits)
+        for i, it in enumerate(items):
+            if it.prompt_logprobs is not None:
+                last, hidden, scored[i] = score_prompt(self._forward, it, self.rules.row_budget, self.capture, self.device)
+                forwarded[i] = (last, hidden)
+        rest = [i for i in range(len(items)) if i not in scored]
+        fresh = [len(items[i].tokens) - items[i].cached_len for i in rest]
         for group in prefill_groups(fresh, self.rules.row_budget):
-            if fresh[group[0]] > self.rules.row_budget:  # a long prompt goes alone, in chunks
+            group = [rest[j] for j in group]
+            if len(items[group[0]].tokens) - items[group[0]].cached_len > self.rules.row_budget:  # alone, in chunks
                 forwarded[group[0]] = self._forward_prompt(items[group[0]])
             else:
                 forwarded.update(zip(group, self._forward_prompts([items[i] for i in group])))
@@ -119,9 +129,11 @@ class ModelShard:
         if self.rank != 0:
             return PrefillResult(next_tokens=[])
         stacked = torch.stack(logits)  # [n, V]
-        return PrefillResult(next_tokens=pick_last(stacked, [len(it.tokens) for it in items], [it.sampling for it in items],
-                                                  [it.tokens for it in items],
-                                                  grammar_masks=[it.grammar_mask for it in items]))
+        sampling = [it.sampling for it in items]
+        picks = pick_last(stacked, [len(it.tokens) for it in items], sampling, [it.tokens for it in items],
+                          grammar_masks=[it.grammar_mask for it in items])
+        return PrefillResult(next_tokens=picks, logprobs=last_logprobs(stacked, picks, sampling),
+                             prompt_logprobs=[scored.get(i, NO_LOGPROBS) for i in range(len(items))] if scored else [])
 
     def _check_prefill(self, items: list[PrefillItem]) -> None:
         for it in items:
@@ -177,7 +189,8 @@ class ModelShard:
             picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q, [self.history[s] for s in cmd.slots],
                                    cmd.grammar_masks)
             pending.picks = picks
-            return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept)
+            return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept,
+                                logprobs=verify_logprobs(out.logits, rows, picks, cmd.sampling))
 
         return result
 

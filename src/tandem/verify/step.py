@@ -33,7 +33,7 @@ from tandem.detokenizer import Detokenizer
 from tandem.errors import ShapeError, ShardError
 from tandem.grammar.verify_masks import constrained_rows, padded_mask, with_forced
 from tandem.metrics import EngineMetrics
-from tandem.sequence import FinishReason, Sequence
+from tandem.sequence import FinishReason, Sequence, logprob_entry
 from tandem.shard.commands import Verdict, VerifyBatch, VerifyResult, failed_verdict
 from tandem.verify.accept import accepted_prefix, accepted_sampled
 
@@ -104,7 +104,8 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
 
     for i, s in enumerate(batch):
         s.verify_failures = 0
-        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx)
+        logprobs = res.logprobs[i] if s.output_logprobs is not None else None  # only for those that asked
+        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx, logprobs)
         ctx.kv_committed(s)  # the rows past its new length go back to the pool
     ctx.metrics.record_verify([len(d) for d in drafts], accepted)
 
@@ -155,7 +156,7 @@ def _forward(cmd: VerifyBatch, batch: list[Sequence], drafts: list[list[int]], c
         if tries >= ctx.max_verify_failures:
             _fail(batch, f"verify failed {tries} times in a row: {e}", ctx)
         return None
-    if len(res.picks) < cmd.n * cmd.k or len(res.accept_probs) < cmd.n * cmd.k:
+    if len(res.picks) < cmd.n * cmd.k or len(res.accept_probs) < cmd.n * cmd.k or _short_logprobs(cmd, res):
         try:
             ctx.group.commit(failed_verdict(cmd.batch_id, cmd.n))
         except ShardError as e:
@@ -163,6 +164,15 @@ def _forward(cmd: VerifyBatch, batch: list[Sequence], drafts: list[list[int]], c
         _fail(batch, f"verify short result: {len(res.picks)} picks for {cmd.n * cmd.k} rows", ctx)
         return None
     return res
+
+
+def _short_logprobs(cmd: VerifyBatch, res: VerifyResult) -> bool:
+    """Whether a sequence that asked for logprobs lacks some of its rows'."""
+    want = [i for i, spec in enumerate(cmd.sampling) if spec.logprobs is not None]
+    if not want:
+        return False
+    return len(res.logprobs) < cmd.n or any(
+        len(res.logprobs[i].chosen) < cmd.k or len(res.logprobs[i].drafts) < cmd.k - 1 for i in want)
 
 
 def verdicts(cmd: VerifyBatch, res: VerifyResult, drafts: list[list[int]], batch: list[Sequence]) -> list[int]:
@@ -178,8 +188,10 @@ def verdicts(cmd: VerifyBatch, res: VerifyResult, drafts: list[list[int]], batch
     return out
 
 
-def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: StepContext) -> None:
-    """The accepted drafts, then the bonus token; nothing past a stop condition."""
+def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: StepContext, logprobs=None) -> None:
+    """The accepted drafts, then the bonus token; nothing past a stop condition. logprobs:
+    the sequence's RowLogprobs (when it asked): an accepted draft's entry is the draft's at
+    its row, the bonus token's its pick's."""
     if drafts:
         s.stats.num_drafts += 1
         s.stats.num_draft_tokens += len(drafts)
@@ -188,8 +200,8 @@ def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: S
         if ctx.drafter is not None:
             ctx.drafter.on_commit(s, len(drafts), accepted)
     before = len(s.output_ids)
-    for t in [*drafts[:accepted], picks[accepted]]:
-        s.emit(t, ctx.detok)
+    for r, t in enumerate([*drafts[:accepted], picks[accepted]]):
+        s.emit(t, ctx.detok, logprob_entry(logprobs, r, draft=r < accepted) if logprobs is not None else None)
         if s.finished:
             break
     if not drafts:

@@ -112,20 +112,22 @@ class CollectivePortReply(_message.Message):
     def __init__(self, port: _Optional[int] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "min_p", "rules")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "min_p", "rules", "logprobs")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     RULES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
     seed: int
     min_p: float
     rules: LogitRules
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., rules: _Optional[_Union[LogitRules, _Mapping]] = ...) -> None: ...
+    logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., rules: _Optional[_Union[LogitRules, _Mapping]] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class LogitRules(_message.Message):
     __slots__ = ("prompt_len", "presence_penalty", "frequency_penalty", "repetition_penalty", "bias_ids", "bias_values", "min_tokens", "min_tokens_ids")
@@ -148,20 +150,36 @@ class LogitRules(_message.Message):
     def __init__(self, prompt_len: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., bias_ids: _Optional[_Iterable[int]] = ..., bias_values: _Optional[_Iterable[float]] = ..., min_tokens: _Optional[int] = ..., min_tokens_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillItem(_message.Message):
-    __slots__ = ("slot", "tokens", "sampling", "blocks", "cached_len", "grammar_mask")
+    __slots__ = ("slot", "tokens", "sampling", "blocks", "cached_len", "grammar_mask", "prompt_logprobs", "next_token")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_MASK_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     slot: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingSpec
     blocks: _containers.RepeatedScalarFieldContainer[int]
     cached_len: int
     grammar_mask: bytes
-    def __init__(self, slot: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ..., cached_len: _Optional[int] = ..., grammar_mask: _Optional[bytes] = ...) -> None: ...
+    prompt_logprobs: int
+    next_token: int
+    def __init__(self, slot: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ..., cached_len: _Optional[int] = ..., grammar_mask: _Optional[bytes] = ..., prompt_logprobs: _Optional[int] = ..., next_token: _Optional[int] = ...) -> None: ...
+
+class RowLogprobs(_message.Message):
+    __slots__ = ("chosen", "top_ids", "top_logprobs", "drafts")
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    chosen: _containers.RepeatedScalarFieldContainer[float]
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    drafts: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, chosen: _Optional[_Iterable[float]] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., drafts: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("items",)
@@ -170,10 +188,14 @@ class PrefillRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[PrefillItem, _Mapping]]] = ...) -> None: ...
 
 class PrefillResult(_message.Message):
-    __slots__ = ("next_tokens",)
+    __slots__ = ("next_tokens", "logprobs", "prompt_logprobs")
     NEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     next_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, next_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[RowLogprobs]
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[RowLogprobs]
+    def __init__(self, next_tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[RowLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[RowLogprobs, _Mapping]]] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("timeout_s", "prefill", "verify", "commit", "propose", "release", "before")
@@ -234,14 +256,16 @@ class VerifyBatch(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ..., blocks: _Optional[_Iterable[int]] = ..., block_counts: _Optional[_Iterable[int]] = ..., grammar_masks: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("batch_id", "picks", "accept_probs")
+    __slots__ = ("batch_id", "picks", "accept_probs", "logprobs")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     PICKS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     picks: _containers.RepeatedScalarFieldContainer[int]
     accept_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, batch_id: _Optional[int] = ..., picks: _Optional[_Iterable[int]] = ..., accept_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[RowLogprobs]
+    def __init__(self, batch_id: _Optional[int] = ..., picks: _Optional[_Iterable[int]] = ..., accept_probs: _Optional[_Iterable[float]] = ..., logprobs: _Optional[_Iterable[_Union[RowLogprobs, _Mapping]]] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("batch_id", "words")
