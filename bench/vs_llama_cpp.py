@@ -118,6 +118,7 @@ class Server:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=5) as r:
                     if r.status == 200:
+                        self.model = json.load(r)["data"][0]["id"]
                         return
             except OSError:
                 pass
@@ -135,9 +136,9 @@ class Server:
         self.log.close()
 
 
-async def one_request(port: int, prompt: str, max_tokens: int, sent_at: list[float]) -> tuple[float, int]:
+async def one_request(port: int, model: str, prompt: str, max_tokens: int, sent_at: list[float]) -> tuple[float, int]:
     conn = await SSEConnection("127.0.0.1", port).open()
-    body = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     try:
         t0 = time.perf_counter()
@@ -156,10 +157,10 @@ async def one_request(port: int, prompt: str, max_tokens: int, sent_at: list[flo
         conn.close()
 
 
-async def load(port: int, n: int, max_tokens: int, offset: int) -> dict:
+async def load(port: int, model: str, n: int, max_tokens: int, offset: int) -> dict:
     sent: list[float] = []
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one_request(port, PROMPTS[(offset + i) % len(PROMPTS)], max_tokens, sent)
+    results = await asyncio.gather(*(one_request(port, model, PROMPTS[(offset + i) % len(PROMPTS)], max_tokens, sent)
                                      for i in range(n)))
     wall = time.perf_counter() - min(sent, default=t0)
     return {"ttft": [r[0] for r in results], "tokens": sum(r[1] for r in results), "wall": wall}
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.repeats + 1):  # the first round warms both up and is not counted
                 for c in args.concurrency:
                     for name, s in servers.items():
-                        r = asyncio.run(load(s.port, c, args.max_tokens, offset=rep * c))
+                        r = asyncio.run(load(s.port, s.model, c, args.max_tokens, offset=rep * c))
                         if rep:
                             runs[(name, c)].append(r)
         finally:
