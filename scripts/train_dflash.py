@@ -319,10 +319,11 @@ def generate_packed(model, prompt_ids: list[list[int]], sample: list[bool], max_
     return packed, done
 
 
-def save_token_chunk(path: str, data, self_written: list[bool] | None = None) -> None:
+def save_token_chunk(path: str, data, self_written: list[bool] | None = None, packed: bool = False) -> None:
+    """data: padded (tokens [N, T], _, prompt_len, seq_len), or with packed=True tokens [P] already packed."""
     tokens, _, prompt_len, seq_len = data
-    p = pack(tokens, prompt_len, seq_len)
-    d = {"tokens": p.tokens.to(torch.int32).cpu(), "prompt_len": prompt_len.cpu(), "seq_len": seq_len.cpu()}
+    flat = tokens if packed else pack(tokens, prompt_len, seq_len).tokens
+    d = {"tokens": flat.to(torch.int32).cpu(), "prompt_len": prompt_len.cpu(), "seq_len": seq_len.cpu()}
     if self_written is not None:
         d["self_written"] = torch.tensor(self_written, dtype=torch.bool)
     torch.save(d, path)
@@ -713,7 +714,8 @@ def main(argv=None) -> int:
                     "(default --gen-tokens; the held-out continuations keep --gen-tokens)")
     ap.add_argument("--one-call", action="store_true",
                     help="generate the tokens alone (prompts of any length, chunked by length, until --gen-seconds), then "
-                         "rebuild the features by prefill and train, all in this process")
+                         "rebuild the features by prefill and train, all in this process; with --save-tokens DIR, "
+                         "save the tokens there and exit instead (a later call trains on them with --load-tokens DIR)")
     ap.add_argument("--pos-budget", type=int, default=1_200_000,
                     help="with --one-call: at most this many positions (batch x longest sequence) a generation chunk")
     ap.add_argument("--max-prompt-tokens", type=int, default=900, help="drop longer training prompts")
@@ -791,9 +793,6 @@ def main(argv=None) -> int:
             done = done[:n]
         train_data = packed
         n_prompts = train_data.n
-        prefill_features(target.model, train_data, layer_ids)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
         gen_tokens = int((train_data.seq_len - train_data.prompt_len).sum())
         n_self = sum(kinds[i] == "self" for i in done)
         per_kind = {}
@@ -807,12 +806,32 @@ def main(argv=None) -> int:
             c[3] += sample[i]
         args.data_kinds = {k: {"prompts": v[0], "generated_tokens": v[1], "prompt_tokens": v[2], "sampled": v[3]}
                            for k, v in sorted(per_kind.items())}
+        if args.save_tokens:  # the corpus for a later call's --load-tokens (a call cannot hold generation and training)
+            os.makedirs(args.save_tokens, exist_ok=True)
+            save_token_chunk(os.path.join(args.save_tokens, "chunk0000.pt"),
+                             (train_data.tokens, None, train_data.prompt_len, train_data.seq_len),
+                             [kinds[i] == "self" for i in done], packed=True)
+            meta = {"prompts": n_prompts, "generated_tokens": gen_tokens, "self_written_prompts": n_self,
+                    "train_gen_tokens": train_gen, "data_kinds": args.data_kinds}
+            with open(os.path.join(args.save_tokens, "corpus.json"), "w") as f:
+                json.dump(meta, f)
+            log(f"saved {n_prompts} continuations ({train_data.tokens.shape[0]} rows) to {args.save_tokens}")
+            print(json.dumps(meta), flush=True)
+            return 0
+        prefill_features(target.model, train_data, layer_ids)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         log(f"data: features of {train_data.tokens.shape[0]} rows rebuilt; {gen_tokens} generated tokens from {n_prompts} "
             f"prompts; per kind {args.data_kinds}")
     elif args.load_tokens:
         train_data = load_token_chunks(args.load_tokens, device, args.max_train_rows, shard)
         n_prompts = train_data.n
         log(f"loaded {n_prompts} continuations, {train_data.tokens.shape[0]} rows")
+        corpus = os.path.join(args.load_tokens, "corpus.json")
+        if os.path.exists(corpus):  # a --one-call corpus: what went in, per kind
+            with open(corpus) as f:
+                meta = json.load(f)
+            args.data_kinds, train_gen = meta["data_kinds"], meta["train_gen_tokens"]
         prefill_features(target.model, train_data, layer_ids)
         if device.type == "cuda":
             torch.cuda.synchronize()
