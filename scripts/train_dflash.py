@@ -606,6 +606,12 @@ def draft_vocab_of(data, vocab_size: int, coverage: float) -> torch.Tensor:
     return order[:size].sort().values
 
 
+def draft_vocab_top(data, vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent generated tokens, sorted by id."""
+    counts = torch.bincount(generated(data), minlength=vocab_size)
+    return counts.argsort(descending=True)[:size].sort().values
+
+
 def in_vocab_share(vocab: torch.Tensor, data) -> float:
     toks = generated(data)
     return torch.isin(toks, vocab.to(toks.device)).float().mean().item()
@@ -619,7 +625,8 @@ def engine_acceptance(args, checkpoint: str, prompts: list[str], log) -> dict:
 
     # no prefix cache for either: DFlash runs without one (it drafts from the target's rows
     # of the whole prompt), so both prefill their prompts alike
-    common = dict(model=args.model, device=args.device, max_num_seqs=min(64, len(prompts)),
+    # float32: bf16 verify batches of another shape than no-spec's may round close calls the other way
+    common = dict(model=args.model, device=args.device, dtype="float32", max_num_seqs=min(64, len(prompts)),
                   max_model_len=1024, row_budget=1024, adaptive=False, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=args.gen_tokens)
     result = {}
@@ -719,6 +726,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pos-budget", type=int, default=1_200_000,
                     help="with --one-call: at most this many positions (batch x longest sequence) a generation chunk")
     ap.add_argument("--max-prompt-tokens", type=int, default=900, help="drop longer training prompts")
+    ap.add_argument("--draft-vocab-size", type=int, default=None,
+                    help="with --revocab: the draft vocabulary is this corpus's N most frequent generated tokens "
+                         "(instead of --draft-vocab-coverage with the old rows kept)")
     ap.add_argument("--revocab", action="store_true",
                     help="with --init-from: a new draft vocabulary from this corpus (--draft-vocab-coverage); the "
                          "weights do not depend on it (the head is the target's)")
@@ -886,11 +896,17 @@ def main(argv=None) -> int:
         if config.target_layer_ids != layer_ids or config.mask_token_id != mask_id:
             log(f"note: {args.init_from} reads layers {config.target_layer_ids}, mask {config.mask_token_id}")
         vocab = model.draft_vocab if config.draft_vocab_size else None
-        if args.revocab and args.draft_vocab_coverage < 1:
+        if vocab is not None:
+            log(f"draft vocabulary of {args.init_from}: covers {in_vocab_share(vocab, train_data):.4f} of this corpus")
+        if args.revocab and args.draft_vocab_size:  # other rows, the same head cost in the engine
+            new_vocab = draft_vocab_top(train_data, tc.vocab_size, args.draft_vocab_size)
+            old_n = 0 if vocab is None else vocab.numel()
+        elif args.revocab and args.draft_vocab_coverage < 1:
             new_vocab = draft_vocab_of(train_data, tc.vocab_size, args.draft_vocab_coverage)
             old_n = 0 if vocab is None else vocab.numel()
             if vocab is not None:  # keep every old row too: the held-out families keep their drafts
                 new_vocab = torch.unique(torch.cat([new_vocab.to(device), vocab.to(device)]))
+        if args.revocab and (args.draft_vocab_size or args.draft_vocab_coverage < 1):
             state = {k: v for k, v in model.state_dict().items() if k != "draft_vocab"}
             config = replace(config, draft_vocab_size=int(new_vocab.numel()))
             model = DFlashDraftModel(config).to(device)
@@ -899,7 +915,8 @@ def main(argv=None) -> int:
             model.draft_vocab.copy_(new_vocab)
             model.requires_grad_(True)
             vocab = model.draft_vocab
-            log(f"new draft vocabulary: {old_n} -> {vocab.numel()} tokens")
+            log(f"new draft vocabulary: {old_n} -> {vocab.numel()} tokens, covering {in_vocab_share(vocab, train_data):.4f} "
+                f"of this corpus")
         log(f"init from {args.init_from}: {config.num_layers} layers, draft vocabulary "
             f"{config.draft_vocab_size or config.vocab_size}")
     else:
@@ -954,7 +971,7 @@ def main(argv=None) -> int:
         info["train"]["data_kinds"] = args.data_kinds
         info["train"]["train_gen_tokens"] = train_gen
     for name in ("general_prompts", "max_template_prompts", "sample_share", "temperature", "revocab",
-                 "extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing", "lr", "data_seed",
+                 "draft_vocab_size", "extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing", "lr", "data_seed",
                  "init_from", "shard"):  # non-defaults only
         if getattr(args, name) != ap.get_default(name):
             info["train"][name] = getattr(args, name)
