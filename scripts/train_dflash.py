@@ -43,13 +43,33 @@ in the installed Python packages (sources, C/C++ headers, READMEs, pydoc topics)
 (bench/dflash_eval_prompts.py) is dropped; tests/dflash/test_eval_prompts.py checks the
 sources are disjoint from it anyway. --one-call generates (prompts chunked by length,
 --pos-budget positions a chunk, until --gen-seconds), rebuilds the features and trains
-in one process; --revocab widens the draft vocabulary of a warm start to the new corpus.
+in one process, or with --save-tokens DIR saves the tokens (and the per-kind counts) for a
+later call's --load-tokens DIR; --revocab widens the draft vocabulary of a warm start to the
+new corpus, or with --draft-vocab-size N re-chooses N rows (the corpus's most frequent).
 
 The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weights
 (src/tandem/drafters/dflash/weights/smollm2: 3 layers, intermediate 768, 8.3 M parameters,
-16.8 MB, draft vocabulary 20736) are run C's, below. Run D (scripts/dflash_notes.md,
-2026-12-01, not shipped) warm-started C on general traffic in one H200 call (evaluation set,
-engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
+16.8 MB, draft vocabulary 20736) are run E's (scripts/dflash_notes.md, 2026-12-02): run D's
+recipe below over two calls on one warm H200, a saved corpus, then a warm start from C with
+a head of C's width re-chosen on the corpus (evaluation set, engine, float32: 2.064 -> 2.499;
+held-out families 3.047 -> 3.032):
+
+  python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED --one-call \
+      --num-prompts 16000 --extra-prompts 20000 --max-template-prompts 16000 --general-prompts 44000 \
+      --num-self-prompts 4000 --data-seed 3 --sample-share 0.25 --train-gen-tokens 192 --gen-batch 4000 \
+      --gen-seconds 330 --max-train-rows 14000000 --save-tokens TOKDIR
+  python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --num-prompts 16000 \
+      --extra-prompts 20000 --max-template-prompts 16000 --general-prompts 44000 --sample-share 0.25 \
+      --data-seed 3 --load-tokens TOKDIR --max-train-rows 14000000 --init-from PREVIOUS --revocab \
+      --draft-vocab-size 20736 --lr 5e-4 --train-seconds 100000 --total-seconds 470 --eval-every 2000 \
+      --engine-baseline
+
+  (64000 prompts, all generated in 199 s: 10.17M tokens, cut to 14M rows: 57178 prompts,
+  9.10M generated tokens; 6296 steps in 324 s; held-out offline / walked 3.953 / 3.228 at
+  the start, 3.791 / 3.169 at the end; bench prompts 2.696 walked.)
+
+Run D (2026-12-01, not shipped) warm-started C on general traffic in one H200 call
+(evaluation set, engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --one-call \
       --num-prompts 16000 --extra-prompts 20000 --max-template-prompts 12000 --general-prompts 40000 \
@@ -62,7 +82,7 @@ engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
   70 ms a step; held-out offline / walked 3.727 / 3.005 at the start, 3.517 / 2.927 at the
   end, engine 2.937 with 64/64 outputs equal to no-spec; bench prompts 2.727 walked.)
 
-Run C, the shipped weights and the ones D started from (held-out engine acceptance 3.041,
+Run C, the weights D and E started from (held-out engine acceptance 3.041,
 against the 2.923 they started from, 2026-11-30), came from a 2-GPU H200 host, one process a GPU, back to back:
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED \
