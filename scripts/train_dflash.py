@@ -43,13 +43,33 @@ in the installed Python packages (sources, C/C++ headers, READMEs, pydoc topics)
 (bench/dflash_eval_prompts.py) is dropped; tests/dflash/test_eval_prompts.py checks the
 sources are disjoint from it anyway. --one-call generates (prompts chunked by length,
 --pos-budget positions a chunk, until --gen-seconds), rebuilds the features and trains
-in one process; --revocab widens the draft vocabulary of a warm start to the new corpus.
+in one process, or with --save-tokens DIR saves the tokens (and the per-kind counts) for a
+later call's --load-tokens DIR; --revocab widens the draft vocabulary of a warm start to the
+new corpus, or with --draft-vocab-size N re-chooses N rows (the corpus's most frequent).
 
 The weights are saved in bf16 in the z-lab checkpoint layout. The shipped weights
 (src/tandem/drafters/dflash/weights/smollm2: 3 layers, intermediate 768, 8.3 M parameters,
-16.8 MB, draft vocabulary 20736) are run C's, below. Run D (scripts/dflash_notes.md,
-2026-12-01, not shipped) warm-started C on general traffic in one H200 call (evaluation set,
-engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
+16.8 MB, draft vocabulary 20736) are run E's (scripts/dflash_notes.md, 2026-12-02): run D's
+recipe below over two calls on one warm H200, a saved corpus, then a warm start from C with
+a head of C's width re-chosen on the corpus (evaluation set, engine, float32: 2.064 -> 2.499;
+held-out families 3.047 -> 3.032):
+
+  python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED --one-call \
+      --num-prompts 16000 --extra-prompts 20000 --max-template-prompts 16000 --general-prompts 44000 \
+      --num-self-prompts 4000 --data-seed 3 --sample-share 0.25 --train-gen-tokens 192 --gen-batch 4000 \
+      --gen-seconds 330 --max-train-rows 14000000 --save-tokens TOKDIR
+  python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --num-prompts 16000 \
+      --extra-prompts 20000 --max-template-prompts 16000 --general-prompts 44000 --sample-share 0.25 \
+      --data-seed 3 --load-tokens TOKDIR --max-train-rows 14000000 --init-from PREVIOUS --revocab \
+      --draft-vocab-size 20736 --lr 5e-4 --train-seconds 100000 --total-seconds 470 --eval-every 2000 \
+      --engine-baseline
+
+  (64000 prompts, all generated in 199 s: 10.17M tokens, cut to 14M rows: 57178 prompts,
+  9.10M generated tokens; 6296 steps in 324 s; held-out offline / walked 3.953 / 3.228 at
+  the start, 3.791 / 3.169 at the end; bench prompts 2.696 walked.)
+
+Run D (2026-12-01, not shipped) warm-started C on general traffic in one H200 call
+(evaluation set, engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out OUTDIR --one-call \
       --num-prompts 16000 --extra-prompts 20000 --max-template-prompts 12000 --general-prompts 40000 \
@@ -62,7 +82,7 @@ engine, float32: 2.064 -> 2.441; held-out families 3.041 -> 2.937):
   70 ms a step; held-out offline / walked 3.727 / 3.005 at the start, 3.517 / 2.927 at the
   end, engine 2.937 with 64/64 outputs equal to no-spec; bench prompts 2.727 walked.)
 
-Run C, the shipped weights and the ones D started from (held-out engine acceptance 3.041,
+Run C, the weights D and E started from (held-out engine acceptance 3.041,
 against the 2.923 they started from, 2026-11-30), came from a 2-GPU H200 host, one process a GPU, back to back:
 
   python scripts/train_dflash.py --model smollm2.gguf --device cuda --out UNUSED \
@@ -319,10 +339,11 @@ def generate_packed(model, prompt_ids: list[list[int]], sample: list[bool], max_
     return packed, done
 
 
-def save_token_chunk(path: str, data, self_written: list[bool] | None = None) -> None:
+def save_token_chunk(path: str, data, self_written: list[bool] | None = None, packed: bool = False) -> None:
+    """data: padded (tokens [N, T], _, prompt_len, seq_len), or with packed=True tokens [P] already packed."""
     tokens, _, prompt_len, seq_len = data
-    p = pack(tokens, prompt_len, seq_len)
-    d = {"tokens": p.tokens.to(torch.int32).cpu(), "prompt_len": prompt_len.cpu(), "seq_len": seq_len.cpu()}
+    flat = tokens if packed else pack(tokens, prompt_len, seq_len).tokens
+    d = {"tokens": flat.to(torch.int32).cpu(), "prompt_len": prompt_len.cpu(), "seq_len": seq_len.cpu()}
     if self_written is not None:
         d["self_written"] = torch.tensor(self_written, dtype=torch.bool)
     torch.save(d, path)
@@ -605,6 +626,12 @@ def draft_vocab_of(data, vocab_size: int, coverage: float) -> torch.Tensor:
     return order[:size].sort().values
 
 
+def draft_vocab_top(data, vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent generated tokens, sorted by id."""
+    counts = torch.bincount(generated(data), minlength=vocab_size)
+    return counts.argsort(descending=True)[:size].sort().values
+
+
 def in_vocab_share(vocab: torch.Tensor, data) -> float:
     toks = generated(data)
     return torch.isin(toks, vocab.to(toks.device)).float().mean().item()
@@ -618,7 +645,8 @@ def engine_acceptance(args, checkpoint: str, prompts: list[str], log) -> dict:
 
     # no prefix cache for either: DFlash runs without one (it drafts from the target's rows
     # of the whole prompt), so both prefill their prompts alike
-    common = dict(model=args.model, device=args.device, max_num_seqs=min(64, len(prompts)),
+    # float32: bf16 verify batches of another shape than no-spec's may round close calls the other way
+    common = dict(model=args.model, device=args.device, dtype="float32", max_num_seqs=min(64, len(prompts)),
                   max_model_len=1024, row_budget=1024, adaptive=False, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=args.gen_tokens)
     result = {}
@@ -713,10 +741,14 @@ def main(argv=None) -> int:
                     "(default --gen-tokens; the held-out continuations keep --gen-tokens)")
     ap.add_argument("--one-call", action="store_true",
                     help="generate the tokens alone (prompts of any length, chunked by length, until --gen-seconds), then "
-                         "rebuild the features by prefill and train, all in this process")
+                         "rebuild the features by prefill and train, all in this process; with --save-tokens DIR, "
+                         "save the tokens there and exit instead (a later call trains on them with --load-tokens DIR)")
     ap.add_argument("--pos-budget", type=int, default=1_200_000,
                     help="with --one-call: at most this many positions (batch x longest sequence) a generation chunk")
     ap.add_argument("--max-prompt-tokens", type=int, default=900, help="drop longer training prompts")
+    ap.add_argument("--draft-vocab-size", type=int, default=None,
+                    help="with --revocab: the draft vocabulary is this corpus's N most frequent generated tokens "
+                         "(instead of --draft-vocab-coverage with the old rows kept)")
     ap.add_argument("--revocab", action="store_true",
                     help="with --init-from: a new draft vocabulary from this corpus (--draft-vocab-coverage); the "
                          "weights do not depend on it (the head is the target's)")
@@ -791,9 +823,6 @@ def main(argv=None) -> int:
             done = done[:n]
         train_data = packed
         n_prompts = train_data.n
-        prefill_features(target.model, train_data, layer_ids)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
         gen_tokens = int((train_data.seq_len - train_data.prompt_len).sum())
         n_self = sum(kinds[i] == "self" for i in done)
         per_kind = {}
@@ -807,12 +836,32 @@ def main(argv=None) -> int:
             c[3] += sample[i]
         args.data_kinds = {k: {"prompts": v[0], "generated_tokens": v[1], "prompt_tokens": v[2], "sampled": v[3]}
                            for k, v in sorted(per_kind.items())}
+        if args.save_tokens:  # the corpus for a later call's --load-tokens (a call cannot hold generation and training)
+            os.makedirs(args.save_tokens, exist_ok=True)
+            save_token_chunk(os.path.join(args.save_tokens, "chunk0000.pt"),
+                             (train_data.tokens, None, train_data.prompt_len, train_data.seq_len),
+                             [kinds[i] == "self" for i in done], packed=True)
+            meta = {"prompts": n_prompts, "generated_tokens": gen_tokens, "self_written_prompts": n_self,
+                    "train_gen_tokens": train_gen, "data_kinds": args.data_kinds}
+            with open(os.path.join(args.save_tokens, "corpus.json"), "w") as f:
+                json.dump(meta, f)
+            log(f"saved {n_prompts} continuations ({train_data.tokens.shape[0]} rows) to {args.save_tokens}")
+            print(json.dumps(meta), flush=True)
+            return 0
+        prefill_features(target.model, train_data, layer_ids)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         log(f"data: features of {train_data.tokens.shape[0]} rows rebuilt; {gen_tokens} generated tokens from {n_prompts} "
             f"prompts; per kind {args.data_kinds}")
     elif args.load_tokens:
         train_data = load_token_chunks(args.load_tokens, device, args.max_train_rows, shard)
         n_prompts = train_data.n
         log(f"loaded {n_prompts} continuations, {train_data.tokens.shape[0]} rows")
+        corpus = os.path.join(args.load_tokens, "corpus.json")
+        if os.path.exists(corpus):  # a --one-call corpus: what went in, per kind
+            with open(corpus) as f:
+                meta = json.load(f)
+            args.data_kinds, train_gen = meta["data_kinds"], meta["train_gen_tokens"]
         prefill_features(target.model, train_data, layer_ids)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -867,11 +916,17 @@ def main(argv=None) -> int:
         if config.target_layer_ids != layer_ids or config.mask_token_id != mask_id:
             log(f"note: {args.init_from} reads layers {config.target_layer_ids}, mask {config.mask_token_id}")
         vocab = model.draft_vocab if config.draft_vocab_size else None
-        if args.revocab and args.draft_vocab_coverage < 1:
+        if vocab is not None:
+            log(f"draft vocabulary of {args.init_from}: covers {in_vocab_share(vocab, train_data):.4f} of this corpus")
+        if args.revocab and args.draft_vocab_size:  # other rows, the same head cost in the engine
+            new_vocab = draft_vocab_top(train_data, tc.vocab_size, args.draft_vocab_size)
+            old_n = 0 if vocab is None else vocab.numel()
+        elif args.revocab and args.draft_vocab_coverage < 1:
             new_vocab = draft_vocab_of(train_data, tc.vocab_size, args.draft_vocab_coverage)
             old_n = 0 if vocab is None else vocab.numel()
             if vocab is not None:  # keep every old row too: the held-out families keep their drafts
                 new_vocab = torch.unique(torch.cat([new_vocab.to(device), vocab.to(device)]))
+        if args.revocab and (args.draft_vocab_size or args.draft_vocab_coverage < 1):
             state = {k: v for k, v in model.state_dict().items() if k != "draft_vocab"}
             config = replace(config, draft_vocab_size=int(new_vocab.numel()))
             model = DFlashDraftModel(config).to(device)
@@ -880,7 +935,8 @@ def main(argv=None) -> int:
             model.draft_vocab.copy_(new_vocab)
             model.requires_grad_(True)
             vocab = model.draft_vocab
-            log(f"new draft vocabulary: {old_n} -> {vocab.numel()} tokens")
+            log(f"new draft vocabulary: {old_n} -> {vocab.numel()} tokens, covering {in_vocab_share(vocab, train_data):.4f} "
+                f"of this corpus")
         log(f"init from {args.init_from}: {config.num_layers} layers, draft vocabulary "
             f"{config.draft_vocab_size or config.vocab_size}")
     else:
@@ -935,7 +991,7 @@ def main(argv=None) -> int:
         info["train"]["data_kinds"] = args.data_kinds
         info["train"]["train_gen_tokens"] = train_gen
     for name in ("general_prompts", "max_template_prompts", "sample_share", "temperature", "revocab",
-                 "extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing", "lr", "data_seed",
+                 "draft_vocab_size", "extra_prompts", "weight_decay", "dropout", "feature_noise", "label_smoothing", "lr", "data_seed",
                  "init_from", "shard"):  # non-defaults only
         if getattr(args, name) != ap.get_default(name):
             info["train"][name] = getattr(args, name)

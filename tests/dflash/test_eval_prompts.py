@@ -50,7 +50,7 @@ def test_the_set_covers_every_kind():
 
 def test_no_eval_prompt_among_template_and_extra_prompts(overlap):
     train, held = make_prompts(16000, 64, 0)
-    for seed, count in ((0, 42000), (1, 100000), (2, 20000)):  # --data-seed and --extra-prompts of runs B, C, D
+    for seed, count in ((0, 42000), (1, 100000), (2, 20000), (3, 20000)):  # --data-seed, --extra-prompts of B, C, D, E
         extra = make_extra_prompts(count, 0, avoid=frozenset(train) | frozenset(held), sample_seed=seed)
         bad = [(p, [TEXTS[i] for i in overlap.hits(p)]) for p in extra if overlap.hits(p)]
         assert not bad, bad[:5]
@@ -59,8 +59,8 @@ def test_no_eval_prompt_among_template_and_extra_prompts(overlap):
 
 
 def test_no_eval_prompt_among_general_prompts(overlap, files):
-    # run D's count and seed (and the default seed): disjoint before decontamination
-    for seed in (0, 2):
+    # runs D's and E's count and seed (and the default seed): disjoint before decontamination
+    for seed in (0, 2, 3):
         gen = general_prompts(40000, 0, sample_seed=seed, files=files)
         bad = [(g["text"][:100], [TEXTS[i][:100] for i in overlap.hits(g["text"])]) for g in gen if overlap.hits(g["text"])]
         assert not bad, bad[:5]
