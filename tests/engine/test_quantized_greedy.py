@@ -77,28 +77,35 @@ def test_adaptive_ngram_on_int8_equals_int8_greedy(quantized, int8_group, refere
     check(engine(quantized, int8_group, "ngram", adaptive=True), 8, reference)
 
 
+@pytest.fixture(scope="module")
+def int4_group(quantized):
+    if not cpu_int4.available():
+        pytest.skip("no int4 CPU kernel")
+    return group(quantized, "int4")
+
+
 @pytest.mark.parametrize("batch", [1, 8])
 def test_draft_model_on_int8_equals_int8_greedy(batch, quantized, truncated_draft_dir, reference):
     g = group(quantized, "int8", drafter="draft-model", draft_model=truncated_draft_dir)
     check(engine(quantized, g, "draft-model", draft_model=truncated_draft_dir, adaptive=False), batch, reference)
 
 
-def test_dflash_on_int8_equals_int8_greedy(quantized, reference):
+def test_dflash_on_int4_equals_int4_greedy(quantized, int4_group):
     # the shipped DFlash drafter reads the quantized target's embedding and (dequantized) head
-    g = group(quantized, "int8", drafter="dflash", num_speculative_tokens=7)
-    outs = check(engine(quantized, g, "dflash", adaptive=False), 4, reference)
+    want = {t: engine(quantized, int4_group, "none").generate([t], PARAMS)[0].token_ids for t in prompts(4)}
+    g = group(quantized, "int4", drafter="dflash", num_speculative_tokens=7)
+    outs = check(engine(quantized, g, "dflash", adaptive=False), 4, want)
     assert sum(o.num_accepted_tokens for o in outs) > 0
 
 
-@pytest.mark.skipif(not cpu_int4.available(), reason="no int4 CPU kernel")
-def test_ngram_on_int4_equals_int4_greedy(quantized):
-    g = group(quantized, "int4")
-    want = {t: engine(quantized, g, "none").generate([t], PARAMS)[0].token_ids for t in prompts(4)}
-    check(engine(quantized, g, "ngram", adaptive=False), 4, want)
+def test_ngram_on_int4_equals_int4_greedy(quantized, int4_group):
+    want = {t: engine(quantized, int4_group, "none").generate([t], PARAMS)[0].token_ids for t in prompts(4)}
+    check(engine(quantized, int4_group, "ngram", adaptive=False), 4, want)
 
 
-def test_int8_stays_close_to_float32(quantized, int8_group):
-    """Teacher-forced over a text: the int8 model's next-token picks mostly agree with float32's."""
+@pytest.mark.parametrize("method, most_kl", [("int8", 0.05), ("int4", 0.02)])
+def test_quantized_stays_close_to_float32(method, most_kl, quantized, request):
+    """Teacher-forced over a text: the quantized model's next-token picks mostly agree with float32's."""
     text = " ".join(prompts(8)) * 2
     ids = quantized.tokenizer(text, return_tensors="pt").input_ids[:, :192]
 
@@ -107,8 +114,8 @@ def test_int8_stays_close_to_float32(quantized, int8_group):
         tables = torch.arange(1, 13, dtype=torch.int32)[None]
         return model.forward(ids, torch.zeros(1, dtype=torch.int32), cache, tables).logits[0]
 
-    model = int8_group.shard.model
+    model = request.getfixturevalue(f"{method}_group").shard.model
     ref, out = logits(quantized.model), logits(model)
     agree = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
     kl = (ref.log_softmax(-1).exp() * (ref.log_softmax(-1) - out.log_softmax(-1))).sum(-1).mean().item()
-    assert agree > 0.85 and kl < 0.05, (agree, kl)
+    assert agree > 0.85 and kl < most_kl, (agree, kl)

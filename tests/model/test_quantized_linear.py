@@ -73,7 +73,7 @@ def test_int4_kernel_matches_its_dequantized_weight():
 
 def test_resolve_names_what_each_device_offers():
     cpu = torch.device("cpu")
-    assert quant.resolve("auto", cpu, "auto", source_quantized=True) == "int8"
+    assert quant.resolve("auto", cpu, "auto", source_quantized=True) == "int4"
     assert quant.resolve("auto", cpu, "float32", source_quantized=True) == "none"  # float32 asked: exact path
     assert quant.resolve("auto", cpu, "auto", source_quantized=False) == "none"
     assert quant.resolve("auto", torch.device("cuda"), "auto", source_quantized=True) == "none"
