@@ -1,7 +1,7 @@
 """Quantized linear layers behind one interface: `quantize(model, method)`.
 
 Methods by device:
-  cpu   int8  int8 weights (7-bit, per channel) x int8 activations (per row), oneDNN
+  cpu   int8  int8 weights (per channel; 7 bits without VNNI) x int8 activations (per row), oneDNN
         int4  int4 weights (groups of 32) x bf16 activations, torch's CPU kernel;
               the LM head int8
   cuda  fp8   E4M3 weights (per channel) x E4M3 activations (per row), torch._scaled_mm
