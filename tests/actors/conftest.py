@@ -17,6 +17,7 @@ def tp2(ray_cluster):
 
     handle = ta.start(
         model="smollm2",
+        dtype="float32",  # the exact path: two ranks write one rank's text (quantized ranks quantize their own shares)
         tensor_parallel=2,
         drafter="none",
         num_speculative_tokens=0,

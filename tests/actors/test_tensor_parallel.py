@@ -1,9 +1,21 @@
-"""Two shard actors (tensor parallel 2) through Ray write the embedded engine's text."""
+"""Two shard actors (tensor parallel 2) through Ray write the embedded engine's text (both
+float32: quantized ranks quantize their own shares, so their picks are their own)."""
 from __future__ import annotations
+
+import pytest
 
 from tandem.sampling_params import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from tandem.engine import Engine
+
+    engine = Engine.from_config(progress=False, model="smollm2", dtype="float32", max_num_seqs=4, max_model_len=512)
+    yield engine
+    engine.close()
 
 
 def test_two_shard_actors_write_the_embedded_engines_greedy_text(tp2, embedded):

@@ -1,6 +1,6 @@
 """logprobs through the official openai client (real Ray, real HTTP, n-gram drafting): on
 completions (with echo: the prompt's too) and chat, streamed and not; the values are the
-target's, a log_softmax of a plain transformers forward over prompt + output."""
+target's, a log_softmax of the same (quantized) model's plain forward over prompt + output."""
 from __future__ import annotations
 
 import openai
@@ -13,15 +13,24 @@ TOL = 1e-3  # the served rank's batch differs from the reference's single row
 
 @pytest.fixture(scope="module")
 def reference(default_model):
-    from transformers import AutoModelForCausalLM
+    """The served target's own log-probabilities: the default model as the app's rank builds
+    it (quantized as `quantization: auto` resolves on the CPU), one forward over the text."""
+    import copy
 
-    model = AutoModelForCausalLM.from_pretrained(default_model.path, dtype=torch.float32).eval()
+    from tandem.model import quant
+
+    model = copy.deepcopy(default_model.model)
+    quant.quantize(model, quant.resolve("auto", torch.device("cpu"), "auto", default_model.source_quantized),
+                   default_model.tokenizer)
     tok = default_model.tokenizer
 
     def of(text: str) -> tuple[list[int], torch.Tensor]:
         ids = tok(text).input_ids
-        with torch.no_grad():
-            return ids, torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        blocks = len(ids) // 16 + 1
+        cache = model.new_cache(blocks + 1, 16)
+        tables = torch.arange(1, blocks + 1, dtype=torch.int32)[None]
+        logits = model.forward(torch.tensor([ids]), torch.zeros(1, dtype=torch.int32), cache, tables).logits[0]
+        return ids, torch.log_softmax(logits.float(), dim=-1)
 
     return of
 
