@@ -63,3 +63,20 @@ def test_fused_linears_fall_back_to_each_layer_off_the_packed_path():
     a2, b2 = packed(16, 8, True).to(torch.bfloat16), packed(16, 4, True).to(torch.bfloat16)
     outs = FusedLinears(a2, b2)(y)  # bf16: F.linear per layer
     assert outs[0].dtype == torch.bfloat16 and outs[1].shape[-1] == 4
+
+
+def test_a_model_that_ran_deep_copies_without_its_opaque_packs(tiny_model_dir):
+    """A rank quantizes a copy of a model it is given (shard.factory): one that already ran
+    holds oneDNN packs, which have no storage to copy; the copy packs its own."""
+    import copy
+
+    import torch
+
+    from tandem.model.loader import load_model
+
+    model = load_model(tiny_model_dir("llama"), progress=False).model
+    tokens, start = torch.tensor([[1, 2, 3]]), torch.zeros(1, dtype=torch.int32)
+    tables = torch.arange(1, 3, dtype=torch.int32)[None]
+    before = model.forward(tokens, start, model.new_cache(4, 16), tables).logits
+    twin = copy.deepcopy(model)
+    assert torch.equal(twin.forward(tokens, start, twin.new_cache(4, 16), tables).logits, before)

@@ -47,6 +47,11 @@ class PackedLinear(nn.Linear):
             self._packed_from = (w, _version(w))  # a tuple, so nn.Module does not register it
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
+    def __getstate__(self):
+        # the pack is an opaque oneDNN tensor (no storage to copy): a copy packs its own lazily
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {k: v for k, v in state.items() if k not in ("_packed", "_packed_from")}
+
 
 class FusedLinears:
     """Several linear layers that read the same input (q/k/v, gate/up) as ONE GEMM.
@@ -70,6 +75,10 @@ class FusedLinears:
         self._packed_from: tuple = ()
         self._shared: tuple[torch.Tensor, torch.Tensor | None, tuple] | None = None  # (weight, bias, the layers' weights)
         self.quantized = None  # the layers as one quantized kernel (model.quant), which then holds their weights
+
+    def __getstate__(self):
+        # as PackedLinear's: the opaque pack is not copied, a copy makes its own
+        return {**self.__dict__, "_packed": None, "_packed_from": ()}
 
     def share_storage(self) -> None:
         """Lay the layers' weights (and biases) end to end in one tensor, each layer keeping a
