@@ -8,31 +8,16 @@ case on its own Ray cluster in a process of its own (lose_actor.py):
   Serve brings the replica back."""
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
+from .script_result import script_result
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "lose_actor.py")
 
 
 def _lose(what: str, replicas: int = 2) -> dict:
-    proc = subprocess.Popen([sys.executable, SCRIPT, what, str(replicas)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it, whatever happened
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return script_result([SCRIPT, what, str(replicas)], timeout_s=600)
 
 
 @pytest.mark.slow

@@ -11,13 +11,10 @@ own (replicas_app.py, run once for the module): two replicas, then autoscaling.
   every stream completes with its fault-free text (the replica removed drains first)."""
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
+from .script_result import script_result
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "replicas_app.py")
 pytestmark = pytest.mark.slow
@@ -25,19 +22,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def seen() -> dict:
-    proc = subprocess.Popen([sys.executable, SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=800)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it, whatever happened
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-6000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return script_result([SCRIPT], timeout_s=800, tail_chars=6000)
 
 
 def test_two_replicas_give_the_single_engines_greedy_text(seen):
