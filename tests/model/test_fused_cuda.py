@@ -151,9 +151,10 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 VARIANTS = ["llama", "qwen2-3kv-odd-mlp", "llama-tied-llama3-rope"]
 
 
-def _greedy(model, fused: bool, prompts: torch.Tensor, steps: int, graphs_of=None):
+def _greedy(model, fused: bool, prompts: torch.Tensor, steps: int, graphs_of=None, forced=None):
     """Prefill, then `steps` greedy decode steps (through VerifyGraphs when graphs_of gives
-    them): (every step's logits [n, steps + 1, vocab], the tokens, the captured layer 0)."""
+    them; with `forced` [n, steps + 1] tokens, those are fed instead of the argmax):
+    (every step's logits [n, steps + 1, vocab], their argmax, the captured layer 0)."""
     from paged_slots import SlotTables
 
     model.fused_kernels = fused
@@ -161,18 +162,18 @@ def _greedy(model, fused: bool, prompts: torch.Tensor, steps: int, graphs_of=Non
     n, length = prompts.shape
     out = slots(model, prompts, list(range(n)), [0] * n, capture_layers=(0,))
     logits, hidden = [out.logits[:, -1]], [out.hidden[0][:, -1]]
-    tokens = out.logits[:, -1].argmax(-1)
     graphs = graphs_of(slots.cache) if graphs_of else None
     for step in range(steps):
+        tokens = logits[-1].argmax(-1) if forced is None else forced[:, step].to(logits[-1].device)
         start = length + step
         if graphs is None:
             out = slots(model, tokens[:, None], list(range(n)), [start] * n, capture_layers=(0,))
         else:
             tables = [t.tolist() for t in slots.tables]
             out = graphs.forward(tokens.tolist(), n, 1, tables, [start] * n, (0,))
-        logits.append(out.logits[:, 0])
-        hidden.append(out.hidden[0][:, 0])
-        tokens = out.logits[:, 0].argmax(-1)
+        # (a graph's outputs are its static buffers, overwritten by the next replay)
+        logits.append(out.logits[:, 0].clone())
+        hidden.append(out.hidden[0][:, 0].clone())
     logits = torch.stack(logits, 1)
     return logits, logits.argmax(-1), torch.stack(hidden, 1)
 
@@ -236,12 +237,12 @@ def test_graphs_are_captured_again_when_the_kernel_choice_changes(tiny_model_dir
 def test_bf16_fused_forward_stays_within_bf16_rounding_of_the_unfused_one(tiny_model_dir):
     model = _load(tiny_model_dir, "llama", dtype=BF16)
     prompts = torch.randint(0, 256, (4, 13), generator=torch.Generator().manual_seed(3))
-    want, _, want_hidden = _greedy(model, False, prompts, steps=3)
-    got, _, got_hidden = _greedy(model, True, prompts, steps=3)
+    want, want_tokens, want_hidden = _greedy(model, False, prompts, steps=3)
+    # the same tokens in: a near tie the two roundings break apart would change the context
+    got, _, got_hidden = _greedy(model, True, prompts, steps=3, forced=want_tokens)
     scale = want_hidden.float().abs().max().item()
     assert (got_hidden.float() - want_hidden.float()).abs().max().item() <= 0.02 * scale
     assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
-    assert (got_hidden == want_hidden).float().mean().item() > 0.9
 
 
 def test_a_cpu_forward_never_takes_the_kernels(tiny_model_dir):

@@ -264,7 +264,7 @@ class LlamaForCausalLM(nn.Module):
     def final_norm_and_head(self, hidden: torch.Tensor) -> torch.Tensor:
         fused = self.fused_kernels_for(hidden)
         norm = self.model.norm
-        normed = fused.add_rms_norm(hidden, None, norm.weight, norm.eps)[1] if fused else norm(hidden)
+        normed = fused.add_rms_norm(hidden, None, norm.weight, norm.eps)[1] if fused is not None else norm(hidden)
         return self.lm_head(normed).float()  # [n, k, hidden] -> [n, k, vocab] float32
 
     def fused_kernels_for(self, x: torch.Tensor):
