@@ -8,10 +8,12 @@ it should not, fails the comparison. Sizes are no multiple of the kernels' block
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import os
 import sys
+import weakref
 
 import pytest
 import torch
@@ -226,11 +228,14 @@ def test_graphs_are_captured_again_when_the_kernel_choice_changes(tiny_model_dir
     model.fused_kernels = True
     cache = model.new_cache(16, 4, scratch_blocks=1)
     graphs = VerifyGraphs(model, cache, 64, capture=True)
-    graphs.forward([5], 1, 1, [[0]], [0], ())
-    first = next(iter(graphs.graphs.values()))
+    fused = graphs.forward([5], 1, 1, [[0]], [0], ()).logits.clone()
+    first = weakref.ref(next(iter(graphs.graphs.values())))  # held weakly: the old graphs are freed
     model.fused_kernels = False
-    graphs.forward([5], 1, 1, [[0]], [0], ())
-    assert len(graphs.graphs) == 1 and next(iter(graphs.graphs.values())) is not first
+    plain = graphs.forward([5], 1, 1, [[0]], [0], ()).logits
+    gc.collect()
+    assert len(graphs.graphs) == 1 and first() is None
+    assert next(iter(graphs.graphs.values())).graph is not None
+    torch.testing.assert_close(plain, fused, rtol=1e-4, atol=1e-4 * fused.abs().max().item())
 
 
 @gpu

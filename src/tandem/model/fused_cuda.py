@@ -24,6 +24,10 @@ import triton
 import triton.language as tl
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# No fused multiply-adds: with them the compiler turns a bf16 product and the sum after it
+# into one bf16 FMA, skipping the product's rounding (a quarter of RoPE's outputs moved by
+# a bf16 step on an H200), and float32 ones into FMAs torch's separate kernels never use.
+NO_FMA = dict(enable_fp_fusion=False)
 MAX_NORM_WIDTH = 1 << 16  # one row a program, held in registers
 SILU_BLOCK = 1024
 
@@ -132,7 +136,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
         block = triton.next_power_of_2(width)
         _add_rms_norm_kernel[(x2.shape[0],)](
             x2, d2, h, weight, y, x2.stride(0), d2.stride(0), h.stride(0), y.stride(0), width, eps,
-            HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(8, max(1, block // 256)))
+            HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(8, max(1, block // 256)), **NO_FMA)
     return (h.view(x.shape) if delta is not None else x), y.view(x.shape)
 
 
@@ -172,7 +176,7 @@ def rope_to_cache(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, cos_ta
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             HQ=num_q_heads, HKV=num_kv_heads, HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
-            num_warps=1 if half <= 64 else 2)
+            num_warps=1 if half <= 64 else 2, **NO_FMA)
     return q
 
 
@@ -187,5 +191,5 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = _output((rows.shape[0], width), gate_up.dtype, gate_up.device)
     if rows.shape[0] and width:
         _silu_mul_kernel[(rows.shape[0], triton.cdiv(width, SILU_BLOCK))](
-            rows, out, rows.stride(0), out.stride(0), width, BLOCK=SILU_BLOCK, num_warps=4)
+            rows, out, rows.stride(0), out.stride(0), width, BLOCK=SILU_BLOCK, num_warps=4, **NO_FMA)
     return out.view(*gate_up.shape[:-1], width)

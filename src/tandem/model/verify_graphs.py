@@ -92,10 +92,13 @@ class VerifyGraphs:
 
     def _drop_if_kernels_changed(self) -> None:
         """A graph replays the kernels it was captured with: after model.fused_kernels
-        changes, every graph is captured again."""
+        changes, every graph is captured again, in a new pool (the caching allocator
+        frees a pool once no graph holds it, and a capture into it then fails)."""
         fused = getattr(self.model, "fused_kernels", None)
         if fused != self.fused_kernels:
             self.graphs.clear()
+            if self.capture:
+                self.pool = torch.cuda.graph_pool_handle()
             self.fused_kernels = fused
 
     def _bucket(self, ctx: int) -> int:
