@@ -8,7 +8,8 @@ Parts:
 - verify: one 8x5 verify command against eight 1x5 (ideal 0.125), and 5 rows a sequence
   against 1 at n = 8, 32, 64.
 - decode: the engine's tick with no drafter at batch 1, 8, 32, 64, each sequence `--context`
-  tokens deep, against reading the weights once (and, at 64, the weights plus the KV).
+  tokens deep, against reading the weights once (and, at 64, the weights plus the KV); each
+  with the fused CUDA kernels and without (model.fused_kernels).
 - hf: transformers' compiled decode step at batch 1 and 32, and `--steps` tokens with the
   prefill counted, against tandem's engine doing the same.
 - burst: 64 requests arriving as a Poisson process (prompts of 256-1024 tokens, 128 tokens
@@ -93,17 +94,27 @@ def part_verify(group, ctx: int, vocab: int) -> dict:
 
 
 def part_decode(group, loaded, ctx: int, roofline_ms: float, kv_bytes_per_token: int, bw: float) -> dict:
+    """Each batch with the fused CUDA kernels (the default) and without (model.fused_kernels)."""
+    model = loaded.model
     out, rows = {}, []
     for b in (1, 8, 32, 64):
-        engine = engine_on(group, loaded)
-        _, _, ticks = generate(engine, prompts(b, ctx, loaded.config.vocab_size, seed=b), max_tokens=40)
-        tick = statistics.median(ticks[-30:])  # steady decode, past the prefill ticks
+        ticks = {}
+        for fused in (True, False):
+            model.fused_kernels = fused  # the shard's graphs are captured again for each choice
+            engine = engine_on(group, loaded)
+            _, _, times = generate(engine, prompts(b, ctx, loaded.config.vocab_size, seed=b), max_tokens=40)
+            ticks[fused] = statistics.median(times[-30:])  # steady decode, past the prefill ticks
+        model.fused_kernels = True
+        tick = ticks[True]
         kv_ms = b * (ctx + 20) * kv_bytes_per_token / bw * 1000.0
         out[f"tick_b{b}_ms"] = tick
+        out[f"tick_b{b}_unfused_ms"] = ticks[False]
         out[f"tick_b{b}_over_roofline"] = tick / roofline_ms
         out[f"tick_b{b}_over_roofline_kv"] = tick / (roofline_ms + kv_ms)
-        rows.append([b, tick, b * 1000.0 / tick, tick / roofline_ms, tick / (roofline_ms + kv_ms)])
-    print_table(["batch", "tick ms", "tokens/s", "tick / weights roofline", "tick / (weights + KV)"], rows,
+        rows.append([b, tick, ticks[False], ticks[False] / tick, b * 1000.0 / tick, tick / roofline_ms,
+                     tick / (roofline_ms + kv_ms)])
+    print_table(["batch", "tick ms (fused)", "tick ms (unfused)", "unfused / fused", "tokens/s", "tick / weights roofline",
+                 "tick / (weights + KV)"], rows,
                 title=f"decode tick, no drafter, {ctx} tokens of context (weights roofline {roofline_ms:.2f} ms)")
     return out
 

@@ -8,6 +8,7 @@ and the attention infers its local head counts from the weights' shapes.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -20,6 +21,16 @@ from tandem.model.cpu_linear import FusedLinears, pack_linear_layers, share_fuse
 from tandem.model.cpu_malloc import keep_freed_memory
 from tandem.model.kv_cache import PagedKVCache
 from tandem.model.paged_attention import paged_attention
+
+
+@functools.lru_cache(maxsize=None)
+def fused_cuda_kernels():
+    """tandem.model.fused_cuda, or None where triton does not import."""
+    try:
+        from tandem.model import fused_cuda
+    except ImportError:
+        return None
+    return fused_cuda
 
 
 @dataclass
@@ -47,6 +58,17 @@ class RowPlaces:
         pos = start_pos.long()[:, None] + torch.arange(k, device=start_pos.device)  # [n, k]
         blocks = tables.long().gather(1, pos // block_size)
         return cls(tables=tables, start_pos=start_pos.int(), positions=pos, blocks=blocks, offsets=pos % block_size)
+
+
+@dataclass
+class RopeRows:
+    """The rows' rotary angles: full-width cos/sin [n, k, 1, d] in the activations' dtype
+    (the torch ops), or, with `positions` [n, k], the model's half-width float32 tables
+    that the fused CUDA kernel reads at each row's position."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    positions: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -104,23 +126,27 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
         self.qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)  # one GEMM where packed (CPU)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: PagedKVCache, layer: int,
-                where: "RowPlaces") -> torch.Tensor:
-        # x: [n, k, hidden]; cos, sin: [n, k, 1, d]; where: the rows' blocks and offsets
+    def forward(self, x: torch.Tensor, rope: RopeRows, cache: PagedKVCache, layer: int, where: "RowPlaces",
+                fused=None) -> torch.Tensor:
+        # x: [n, k, hidden]; where: the rows' blocks and offsets; fused: fused_cuda or None
         n, k, _ = x.shape
         d = self.head_dim
         # Head counts come from the weights, so a tensor-parallel shard needs no other change.
         hq, hkv = self.q_proj.out_features // d, self.k_proj.out_features // d
         qkv = self.qkv.joined(x)
-        # q and k side by side: one rotation for both (half the kernels of two)
-        qk = qkv[..., : (hq + hkv) * d].view(n, k, hq + hkv, d)
-        value = qkv[..., (hq + hkv) * d :].view(n, k, hkv, d)
-        qk = qk * cos + rotate_half(qk) * sin
-        q, key = qk[:, :, :hq], qk[:, :, hq:]  # [n, k, hq, d], [n, k, hkv, d]
-
         # Write this step's rows first, so each row also sees itself and the rows before it.
-        cache.write(layer, key, value, where.blocks, where.offsets)
-        out = paged_attention(q.contiguous(), cache.k[layer], cache.v[layer], where.tables, where.start_pos)
+        if fused is not None:  # rotation and KV write in one kernel
+            q = fused.rope_to_cache(qkv, hq, hkv, rope.cos, rope.sin, rope.positions, where.blocks, where.offsets,
+                                    cache.k[layer], cache.v[layer])
+        else:
+            # q and k side by side: one rotation for both (half the kernels of two)
+            qk = qkv[..., : (hq + hkv) * d].view(n, k, hq + hkv, d)
+            value = qkv[..., (hq + hkv) * d :].view(n, k, hkv, d)
+            qk = qk * rope.cos + rotate_half(qk) * rope.sin
+            q, key = qk[:, :, :hq], qk[:, :, hq:]  # [n, k, hq, d], [n, k, hkv, d]
+            cache.write(layer, key, value, where.blocks, where.offsets)
+            q = q.contiguous()
+        out = paged_attention(q, cache.k[layer], cache.v[layer], where.tables, where.start_pos)
         return self.o_proj(out.reshape(n, k, hq * d))
 
 
@@ -132,7 +158,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up = FusedLinears(self.gate_proj, self.up_proj)  # one GEMM where packed (CPU)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused=None) -> torch.Tensor:
+        if fused is not None:
+            return self.down_proj(fused.silu_mul(self.gate_up.joined(x)))
         gate, up = self.gate_up(x)
         return self.down_proj(F.silu(gate) * up)
 
@@ -145,9 +173,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, layer, where) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, where)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, rope, cache, layer, where, fused=None, normed=None, next_norm: RMSNorm | None = None):
+        """The layer's output. With `fused` (the fused_cuda kernels), `normed` is this
+        layer's input norm of x, already made, and the result is (output, next_norm of
+        the output, or None without next_norm): each residual add runs with the norm
+        after it."""
+        if fused is None:
+            x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, where)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        norm = self.post_attention_layernorm
+        x, normed = fused.add_rms_norm(x, self.self_attn(normed, rope, cache, layer, where, fused), norm.weight,
+                                       norm.eps)
+        delta = self.mlp(normed, fused)
+        if next_norm is None:
+            return x + delta, None
+        return fused.add_rms_norm(x, delta, next_norm.weight, next_norm.eps)
 
 
 class Backbone(nn.Module):
@@ -205,6 +245,9 @@ class LlamaForCausalLM(nn.Module):
         return model.eval().requires_grad_(False)
 
     quantization = "none"  # or the method of model.quant its linear layers were quantized with
+    # CUDA forwards run the fused_cuda kernels (where triton imports); False: the torch ops
+    # alone, for A/B comparisons. Graphs captured under the other choice must not replay.
+    fused_kernels = True
 
     @property
     def dtype(self) -> torch.dtype:
@@ -219,7 +262,23 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens(tokens)  # [n, k] -> [n, k, hidden]
 
     def final_norm_and_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.model.norm(hidden)).float()  # [n, k, hidden] -> [n, k, vocab] float32
+        fused = self.fused_kernels_for(hidden)
+        norm = self.model.norm
+        normed = fused.add_rms_norm(hidden, None, norm.weight, norm.eps)[1] if fused is not None else norm(hidden)
+        return self.lm_head(normed).float()  # [n, k, hidden] -> [n, k, vocab] float32
+
+    def fused_kernels_for(self, x: torch.Tensor):
+        """fused_cuda when this forward of x may use it, else None: a CUDA tensor of a dtype
+        the kernels take, triton importable, `fused_kernels` on, and no hook on a norm (a
+        fused norm runs no module: calibration's hooks must see each one)."""
+        if not (self.fused_kernels and x.is_cuda):
+            return None
+        fused = fused_cuda_kernels()
+        if fused is None or x.dtype not in fused.DTYPES:
+            return None
+        layers = self.model.layers
+        norms = [self.model.norm] + [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        return None if any(n._forward_hooks or n._forward_pre_hooks for n in norms) else fused
 
     def new_cache(self, num_blocks: int, block_size: int = 16, scratch_blocks: int = 1) -> PagedKVCache:
         """A cache in this model's dtype and device, with as many kv heads as its (possibly sharded) layers."""
@@ -254,16 +313,39 @@ class LlamaForCausalLM(nn.Module):
         pos = where.positions.clamp_max(self.rope_cos.shape[0] - 1)
 
         x = self.embed(tokens)  # [n, k, hidden]
-        cos = torch.cat([self.rope_cos[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
-        sin = torch.cat([self.rope_sin[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
-        hidden = {}
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, i, where)
-            if i in capture_layers:
-                hidden[i] = x
+        fused = self.fused_kernels_for(x)
+        if fused is not None:
+            x, hidden, normed = self._fused_layers(fused, x, pos, cache, where, capture_layers, logit_rows is None)
+            if logit_rows is None:  # the last residual add ran with the final norm
+                return ModelOutput(logits=self.lm_head(normed).float(), hidden=hidden)
+        else:
+            cos = torch.cat([self.rope_cos[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
+            sin = torch.cat([self.rope_sin[pos]] * 2, dim=-1).to(x.dtype)[:, :, None]  # [n, k, 1, d]
+            rope = RopeRows(cos, sin)
+            hidden = {}
+            for i, layer in enumerate(self.model.layers):
+                x = layer(x, rope, cache, i, where)
+                if i in capture_layers:
+                    hidden[i] = x
         if logit_rows is not None:
             if logit_rows.shape[1] == 0:  # KV only (an empty GEMM is not for every backend)
                 empty = torch.empty(n, 0, self.lm_head.out_features, dtype=torch.float32, device=device)
                 return ModelOutput(logits=empty, hidden=hidden)
             x = x.gather(1, logit_rows[:, :, None].expand(-1, -1, x.shape[-1]))  # [n, m, hidden]
         return ModelOutput(logits=self.final_norm_and_head(x), hidden=hidden)
+
+    def _fused_layers(self, fused, x, pos, cache, where, capture_layers, final_norm: bool):
+        """The decoder layers with the fused kernels: (output, captured outputs, the final
+        norm of the output where `final_norm`, else None)."""
+        rope = RopeRows(self.rope_cos, self.rope_sin, pos)
+        layers = self.model.layers
+        first = layers[0].input_layernorm
+        _, normed = fused.add_rms_norm(x, None, first.weight, first.eps)
+        hidden = {}
+        for i, layer in enumerate(layers):
+            last = i + 1 == len(layers)
+            next_norm = (self.model.norm if final_norm else None) if last else layers[i + 1].input_layernorm
+            x, normed = layer(x, rope, cache, i, where, fused, normed, next_norm)
+            if i in capture_layers:
+                hidden[i] = x
+        return x, hidden, normed

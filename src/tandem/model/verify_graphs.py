@@ -34,6 +34,7 @@ class VerifyGraphs:
         self.capture = capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple, CapturedGraph] = {}
+        self.fused_kernels = getattr(model, "fused_kernels", None)  # what the graphs were captured with
         self.device = next(model.parameters()).device
 
     def forward(self, tokens: list[int], n: int, k: int, tables: list[list[int]], start_pos: list[int],
@@ -41,6 +42,7 @@ class VerifyGraphs:
         """The forward of n sequences x k rows (tokens sequence-major), or None when this
         shape is not graphed (the caller runs it eagerly). With last_rows (a prompt's
         prefill) the logits are those of row last_rows[i] of each sequence, [n, 1, vocab]."""
+        self._drop_if_kernels_changed()
         nb = next_pow2(n)
         if nb * k > self.max_rows:
             return None
@@ -72,6 +74,7 @@ class VerifyGraphs:
         prompt width within max_rows (prefills: which batches arrive together is chance).
         A capture on live traffic stalls every running stream (a few dozen replays' time
         each). Returns how many were captured."""
+        self._drop_if_kernels_changed()
         layers = tuple(capture_layers)
         shapes = []
         for k in range(1, max_k + 1):  # verifies
@@ -86,6 +89,17 @@ class VerifyGraphs:
                 self.graphs[key] = self._build(*key)
                 added += 1
         return added
+
+    def _drop_if_kernels_changed(self) -> None:
+        """A graph replays the kernels it was captured with: after model.fused_kernels
+        changes, every graph is captured again, in a new pool (the caching allocator
+        frees a pool once no graph holds it, and a capture into it then fails)."""
+        fused = getattr(self.model, "fused_kernels", None)
+        if fused != self.fused_kernels:
+            self.graphs.clear()
+            if self.capture:
+                self.pool = torch.cuda.graph_pool_handle()
+            self.fused_kernels = fused
 
     def _bucket(self, ctx: int) -> int:
         """The positions of the block tables of a forward reaching position ctx (a whole
