@@ -19,7 +19,7 @@ class SchedulerSettings:
     init_deadline_s: float = option(300.0, "Deadline of a rank's Init (its model load).", gt=0)
     shard_num_gpus: float = option(0.0, "GPUs per shard actor (1 on a GPU cluster, 0 on CPU).", ge=0)
     shard_num_cpus: float = option(0.5, "CPUs reserved per shard actor.", ge=0)
-    shard_torch_threads: int | None = option(None, "Torch threads per CPU shard actor; None = the node's cores divided by the ranks.", ge=1)
+    shard_torch_threads: int | None = option(None, "Torch threads per CPU shard actor; None = the cores its process may use (CPU affinity, within the container's CPU quota) divided by the ranks.", ge=1)
     fault_injection: bool = option(False, "Let tests make a rank fail on purpose (the shard servers' InjectFault).")
     in_process_target: bool = option(False, "Run the single rank inside the scheduler actor, which then reserves shard_num_gpus: no gRPC hop a verify, so less latency at few clients; but a rank that fails takes the engine and every running request with it, where a shard actor is restarted and its sequences go on. Only with one rank.")
     session_socket: bool = option(True, "Send the tick's commands to shard ranks on the scheduler's node over each rank's Unix socket: the same protobuf messages as the gRPC Session stream, without gRPC's thread hand-offs (a round trip of ~0.1 ms instead of ~0.6 on an H200 host). False: gRPC always. Ranks on other nodes use gRPC either way.")

@@ -328,9 +328,10 @@ def _join_collective_group(request, device: torch.device):
 class ShardServer:
     """A rank's gRPC server and its session socket: stop() ends both."""
 
-    def __init__(self, server: grpc.Server, session_socket: SessionSocketServer):
+    def __init__(self, server: grpc.Server, session_socket: SessionSocketServer, servicer: ShardServicer):
         self.grpc = server
         self.session_socket = session_socket
+        self.servicer = servicer  # its rank, once Init built it
 
     def stop(self, grace: float | None):
         """As grpc.Server.stop (its event is returned); the socket's streams end at once."""
@@ -356,4 +357,4 @@ def start_shard_server(build_rank: BuildRank, bind: str = "127.0.0.1:0", *,
         raise OSError(f"shard server: cannot bind {bind}")
     server.start()
     host = bind.rpartition(":")[0]
-    return ShardServer(server, servicer.session_socket), f"{host}:{port}"
+    return ShardServer(server, servicer.session_socket, servicer), f"{host}:{port}"
