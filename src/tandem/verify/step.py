@@ -256,7 +256,8 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
 def _add_forced(seqs: list[Sequence], ctx: StepContext) -> None:
     """Constrained sequences: the tokens their grammar forces join their drafts. A sampled
     sequence gets them only without drafts of the drafter's: the rank's q covers exactly the
-    drafter's own drafts (a forced token's q is one-hot, and p under the mask is too)."""
+    drafter's own drafts (a forced token's q is one-hot, and p under the mask is too). As
+    many as their rows pay for (tandem.verify.forced)."""
     most = min(MAX_ROWS - 1, ctx.group.limits.row_budget - 1)
     forced: dict[int, list[int]] = {}
     for s in seqs:
