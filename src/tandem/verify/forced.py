@@ -4,10 +4,8 @@ A forced token (the one token the grammar allows: JSON punctuation, a key's name
 drafter and passes whenever the drafts before it did, but it costs a verify row, and the
 draft cap priced the tick's forwards for at most `cap` drafts a sequence. Forced tokens
 past the others' drafts make a sequence longer than its batch: every other sequence is
-padded to it, or it takes a forward of its own. At batch 8 on a CPU a few sequences
-carrying 5 forced tokens each padded their batches by 43% of their rows, and n-gram
-speculation ran no faster than none. So the width (drafts + forced a sequence) is chosen
-as the draft cap is: the most expected tokens per estimated forward millisecond, the
+padded to it, or it takes a forward of its own, rows the draft cap never priced. So the
+width (drafts + forced a sequence) is chosen as the draft cap is: the most expected tokens per estimated forward millisecond, the
 tick's forwards priced as the scheduler batches them (padded merges or one forward per
 count), with the sequences' actual draft and forced counts.
 """
