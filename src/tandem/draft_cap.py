@@ -18,12 +18,15 @@ class DraftCapPolicy:
         if not self.enabled:
             return self.adaptive.max_gamma
         live = [s for s in self.scheduler.running if not s.finished]
-        sched, cost, adaptive = self.scheduler, self.cost, self.adaptive
+        cost, adaptive = self.cost, self.adaptive
         if adaptive.whole_blocks:  # a block drafter rests a sequence whose block does not pay (see block_break_even)
             need = cost.block_break_even(adaptive.max_gamma, len(live))
             for s in live:
                 if expected_tokens(s.spec.alpha, s.spec.gamma) - 1.0 < need:
                     adaptive.rest(s.spec, len(s.output_ids))
         gammas = [s.spec.gamma if adaptive.allowed(s.spec, len(s.output_ids)) else 0 for s in live]
-        return cost.best_cap(gammas, [s.spec.alpha for s in live], adaptive.ladder,
-                             plan=lambda gs: plan_cost(gs, sched.row_budget, sched.max_batch, cost.estimate))
+        return cost.best_cap(gammas, [s.spec.alpha for s in live], adaptive.ladder, plan=self.plan)
+
+    def plan(self, draft_counts: list[int]) -> float | None:
+        """Estimated forward ms of a tick whose sequences draft `draft_counts`."""
+        return plan_cost(draft_counts, self.scheduler.row_budget, self.scheduler.max_batch, self.cost.estimate)

@@ -97,6 +97,7 @@ class Engine:
             make_room=self._make_room,
             block_table=self.scheduler.table,
             mask_words=self.intake.grammars.words,
+            plan_ms=self.draft_cap.plan if self.config.adaptive else None,
             kv_committed=self.scheduler.committed,
         )
         self._lock = threading.RLock()  # held for a whole tick

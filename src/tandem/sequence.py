@@ -53,6 +53,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     drafts: list[int] = field(default_factory=list)  # pending drafts, verified next
+    forced: int = 0  # the drafts' last ones that the grammar forced (not the drafter's: see verify.forced)
     stats: SpecStats = field(default_factory=SpecStats)
     spec: SpecControl = field(default_factory=lambda: SpecControl(gamma=0))
     verify_failures: int = 0  # consecutive failed forwards of this sequence's batch

@@ -55,13 +55,62 @@ def test_ngram_constrained_greedy_equals_no_speculation(batch, make_engine, refe
     assert sum(o.num_draft_tokens for o in outs) > 0
 
 
-@pytest.mark.parametrize("batch", [1, 4])  # b16 with a 135M drafter: ~40 s of CI for what ngram b16 covers
+def cut_tokens(engine) -> float:
+    return engine.metrics.grammar_cut_tokens._value.get()
+
+
+@pytest.mark.parametrize("batch", [1, 4])  # b16 with a 135M drafter: ~40 s of CI for what the cut drafter's b16 covers
 def test_draft_model_constrained_greedy_equals_no_speculation(batch, make_engine, self_draft_group, reference):
-    # the target drafting for itself proposes its unmasked greedy tokens: the grammar cuts them
+    # the target drafting for itself under the grammar's mask proposes the target's own masked picks
     engine = make_engine("draft-model", group=self_draft_group, draft_model="smollm2", adaptive=False)
     outs = check_equal(engine, batch, reference, "draft-model")
     assert sum(o.num_accepted_tokens for o in outs) > 0
-    assert engine.metrics.grammar_cut_tokens._value.get() > 0, "no draft was cut by a grammar"
+    assert cut_tokens(engine) == 0, "a draft proposed under the mask was cut"
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_a_weak_draft_model_under_grammars_keeps_greedy_output(batch, make_engine, weak_draft_group, truncated_draft_dir,
+                                                               reference):
+    # an 8-layer cut of the target: its masked drafts are often rejected, never refused by the grammar
+    engine = make_engine("draft-model", group=weak_draft_group, draft_model=truncated_draft_dir, adaptive=False)
+    outs = check_equal(engine, batch, reference, "weak draft-model")
+    constrained = [o for o, p in zip(outs, mixed(batch)[1]) if p.structured is not None]
+    assert sum(o.num_draft_tokens for o in constrained) > 0
+    assert 0 < sum(o.num_accepted_tokens for o in outs) < sum(o.num_draft_tokens for o in outs)
+    assert cut_tokens(engine) == 0, "a draft proposed under the mask was cut"
+
+
+def test_masked_proposing_accepts_more_than_cut_proposing(make_engine, self_draft_group):
+    """Digits, a colour, JSON: unmasked, the model's first draft is prose the grammar refuses
+    (cut, with every draft after it); under the mask the target drafting for itself passes."""
+    texts = ["The capital of France is"] * 3
+    params = [SamplingParams(max_tokens=MAX_TOKENS, structured=c) for c in CONSTRAINTS[:3]]
+    drafter = self_draft_group.shard.drafter
+    runs = {}
+    for name, matchers in (("cut", None), ("masked", drafter.matchers)):
+        saved, drafter.matchers = drafter.matchers, matchers
+        try:
+            engine = make_engine("draft-model", group=self_draft_group, draft_model="smollm2", adaptive=False)
+            runs[name] = (engine.generate(texts, params), cut_tokens(engine))
+        finally:
+            drafter.matchers = saved
+    (cut, cut_count), (masked, masked_count) = runs["cut"], runs["masked"]
+    assert [o.token_ids for o in cut] == [o.token_ids for o in masked]
+    assert cut_count > 0 and masked_count == 0
+    for a, b in zip(cut, masked):
+        assert b.num_accepted_tokens > a.num_accepted_tokens, (a.text, a.num_accepted_tokens, b.num_accepted_tokens)
+
+
+def test_seeded_sampling_under_a_grammar_with_a_draft_model_repeats(make_engine, weak_draft_group, truncated_draft_dir):
+    engine = make_engine("draft-model", group=weak_draft_group, draft_model=truncated_draft_dir, adaptive=False)
+    params = SamplingParams(max_tokens=40, temperature=0.9, seed=7, structured=G.json_schema(PERSON))
+    prompt = engine.chat_prompt([{"role": "user", "content": "A person as JSON."}])
+    a, b = engine.generate([prompt, prompt], [params, params])
+    (alone,) = engine.generate([prompt], params)
+    assert a.token_ids == b.token_ids == alone.token_ids
+    assert a.num_draft_tokens > 0 and cut_tokens(engine) == 0
+    if a.finish_reason == "stop":
+        jsonschema.validate(json.loads(a.text), PERSON)
 
 
 SCHEMAS = [

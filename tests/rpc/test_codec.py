@@ -12,6 +12,7 @@ from tandem.rpc import codec
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
     GREEDY,
+    DraftGrammar,
     LogitRules,
     PrefillItem,
     PrefillResult,
@@ -84,6 +85,9 @@ def through_the_wire(msg):
          codec.encode_verify_result, codec.decode_verify_result),
         (Verdict(batch_id=9, words=[1, 4, 2]), codec.encode_verdict, codec.decode_verdict),
         (ProposeBatch(slots=[2, 0], last_tokens=[11, 12], positions=[30, 4], num_drafts=[4, 0], sampling=[SAMPLED, GREEDY]),
+         codec.encode_propose, codec.decode_propose),
+        (ProposeBatch(slots=[2, 0], last_tokens=[11, 12], positions=[30, 4], num_drafts=[4, 2], sampling=[SAMPLED, GREEDY],
+                      grammars=[None, DraftGrammar("json", '{"type": "object"}', 17)]),
          codec.encode_propose, codec.decode_propose),
         (ProposeResult(drafts=[[1, 2, 3], [], [4]]), codec.encode_propose_result, codec.decode_propose_result),
         ([5, 0, 2], codec.encode_release, codec.decode_release),

@@ -16,17 +16,22 @@ single-row steps.
 Pad rows (a shorter sequence in a wider forward) sit past the slot's length and are
 never attended. After a verdict that kept `rows` rows from P, the drafter stays
 valid up to min(its length, P + rows) (it never fed its last draft).
+A constrained sequence drafts under its grammar: each step's logits are masked with the
+state its drafts so far reached (tandem.grammar.draft_matchers), in the same forward as
+every other sequence, so the verify's grammar walk has nothing to cut, and a sampled
+sequence's q is the masked distribution its drafts were drawn from.
 """
 from __future__ import annotations
 
 import torch
 
 from tandem.drafters.draft_blocks import SlotBlocks
+from tandem.grammar.draft_matchers import DraftMatchers, mask_draft_logits
 from tandem.model.kv_cache import PagedKVCache
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.logit_processors import apply_to_last
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
-from tandem.shard.commands import SamplingSpec
+from tandem.shard.commands import DraftGrammar, SamplingSpec
 
 
 class DraftModelDrafter:
@@ -34,7 +39,7 @@ class DraftModelDrafter:
     capture_layers: tuple[int, ...] = ()
 
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, target_vocab: int, max_model_len: int,
-                 propose_batch_max: int = 64):
+                 propose_batch_max: int = 64, matchers: DraftMatchers | None = None):
         self.model = model
         self.cache = cache
         self.blocks = SlotBlocks(cache.num_blocks, cache.block_size)
@@ -47,6 +52,7 @@ class DraftModelDrafter:
         self.catch_up_budget = 256  # most bulk catch-up rows of one propose (see propose)
         self.tail = 2  # catch-up rows fed with the drafting forward: a steady round needs <= 2
         self.live: set[int] = set()  # slots prefilled and not released
+        self.matchers = matchers  # None: constrained sequences draft unmasked (the verify cuts them)
         self._warm_up()
 
     @torch.inference_mode()
@@ -83,6 +89,7 @@ class DraftModelDrafter:
         last_tokens: list[int],
         num_drafts: list[int],
         sampling: list[SamplingSpec],
+        grammars: list[DraftGrammar | None] | None = None,
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Drafts for every sequence when all their catch-ups fit `catch_up_budget` rows
         (beyond each tail), or when there is one sequence. Otherwise no drafts this round:
@@ -114,13 +121,21 @@ class DraftModelDrafter:
         q: list[torch.Tensor | None] = [None] * len(slots)
         if want:
             pick = lambda xs: [xs[i] for i in want]  # noqa: E731
-            d, qd = self._draft(pick(slots), pick(histories), pick(last_tokens), pick(num_drafts), pick(sampling))
+            walks = (self.matchers.walks(pick(slots), pick(histories), pick(last_tokens), pick(grammars))
+                     if self.matchers is not None and grammars else [None] * len(want))
+            try:
+                d, qd = self._draft(pick(slots), pick(histories), pick(last_tokens), pick(num_drafts), pick(sampling), walks)
+            finally:
+                for w in walks:
+                    if w is not None:
+                        w.finish()
             for i, di, qi in zip(want, d, qd):
                 drafts[i], q[i] = di, qi
         return drafts, q
 
-    def _draft(self, slots, histories, last_tokens, num_drafts, sampling):
-        """Catch every sequence up, then g_max draft steps for all of them."""
+    def _draft(self, slots, histories, last_tokens, num_drafts, sampling, walks):
+        """Catch every sequence up, then g_max draft steps for all of them (a walking
+        sequence's under its grammar's mask)."""
         g_max = max(num_drafts)
         starts = [self.lengths.get(s, 0) for s in slots]
         catch_up = [h[st:] + [last] for h, st, last in zip(histories, starts, last_tokens)]
@@ -135,14 +150,20 @@ class DraftModelDrafter:
             # the rules see what the target's row will: the history, the last token, the drafts so far
             contexts = [h + [last] + d if spec.rules is not None else []
                         for h, last, d, spec in zip(histories, last_tokens, drafts, sampling)]
-            tok = self._pick(apply_to_last(logits, contexts, sampling), [p + step + 1 for p in positions], sampling, qs)
+            # the rules first, the grammar last (as the target's picks have them)
+            logits = mask_draft_logits(apply_to_last(logits, contexts, sampling), walks)
+            tok = self._pick(logits, [p + step + 1 for p in positions], sampling, qs)
             for i, t in enumerate(tok):
                 drafts[i].append(t)
+                if walks[i] is not None:
+                    walks[i].take(t)
             if step + 1 < g_max:
                 logits = self._forward([[t] for t in tok], slots, [p + step + 1 for p in positions])
         for slot, p in zip(slots, positions):
             self._set_length(slot, p + g_max)
-        q_out = [torch.stack(q)[:g] if q else None for q, g in zip(qs, num_drafts)]
+        # nothing past a complete grammar is emitted: no rows for it
+        num_drafts = [g if w is None or w.limit is None else min(g, w.limit) for g, w in zip(num_drafts, walks)]
+        q_out = [torch.stack(q)[:g] if q and g else None for q, g in zip(qs, num_drafts)]
         return [d[:g] for d, g in zip(drafts, num_drafts)], q_out
 
     def commit(self, slot: int, start_pos: int, rows: int, feats=None) -> None:
@@ -155,6 +176,8 @@ class DraftModelDrafter:
         for slot in slots:
             self.live.discard(slot)
             self._set_length(slot, 0)
+            if self.matchers is not None:
+                self.matchers.release(slot)
 
     def _set_length(self, slot: int, length: int) -> None:
         """The slot's draft KV holds `length` positions; blocks past them go back."""

@@ -55,6 +55,7 @@ def build_rank_drafter(spec, target, *, device, dtype, progress: bool = True, dr
 
         return build_dflash_drafter(spec, target, device=device, dtype=dtype, num_blocks=num_blocks)
     from tandem.drafters.draft_model import DraftModelDrafter
+    from tandem.grammar.draft_matchers import DraftMatchers
     from tandem.model.kv_cache import PagedKVCache
 
     draft = draft or load_draft_model(spec, target, device=device, dtype=dtype, progress=progress)
@@ -62,5 +63,7 @@ def build_rank_drafter(spec, target, *, device, dtype, progress: bool = True, dr
     # as many blocks as the target's pool, and a few a slot for the drafts past it
     blocks = max(num_blocks, 1) + 2 * spec.num_slots
     cache = PagedKVCache(c.num_layers, blocks, spec.block_size, c.num_kv_heads, c.head_dim, dtype, device, scratch_blocks=1)
+    # constrained sequences draft under their grammar, with the target's tokenizer (the scheduler's)
+    matchers = DraftMatchers(target.tokenizer, target.config.vocab_size, target.eos_token_ids)
     return DraftModelDrafter(draft.model, cache, target_vocab=target.config.vocab_size,
-                             max_model_len=spec.max_model_len)
+                             max_model_len=spec.max_model_len, matchers=matchers)

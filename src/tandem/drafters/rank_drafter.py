@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from tandem.shard.commands import SamplingSpec
+from tandem.shard.commands import DraftGrammar, SamplingSpec
 
 
 class RankDrafter(Protocol):
@@ -40,8 +40,11 @@ class RankDrafter(Protocol):
         last_tokens: list[int],  # the token at position P, not yet in the target's KV
         num_drafts: list[int],
         sampling: list[SamplingSpec],
+        grammars: list[DraftGrammar | None] | None = None,  # each constrained sequence's, or None
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """Drafts for a batch, and for sampled sequences the draft distribution q [g, V]."""
+        """Drafts for a batch, and for sampled sequences the draft distribution q [g, V]
+        (the one the drafts were drawn from: masked, for a drafter that drafts under the
+        grammars). A drafter may ignore the grammars: the verify cuts what they refuse."""
         ...
 
     def commit(self, slot: int, start_pos: int, rows: int, feats: torch.Tensor | None) -> None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tandem.sequence import Sequence
-from tandem.shard.commands import ProposeBatch
+from tandem.shard.commands import DraftGrammar, ProposeBatch
 
 
 class RankDrafterProxy:
@@ -19,6 +19,7 @@ class RankDrafterProxy:
             positions=[s.kv_len for s in seqs],
             num_drafts=list(num_drafts),
             sampling=[s.sampling for s in seqs],
+            grammars=grammars(seqs),
         )
         res = self.group.propose(cmd)
         if len(res.drafts) != len(seqs):
@@ -33,3 +34,12 @@ class RankDrafterProxy:
 
     def release(self, seq: Sequence) -> None:
         pass  # the rank frees its drafter's slot on release
+
+
+def grammars(seqs: list[Sequence]) -> list[DraftGrammar | None]:
+    """Each constrained sequence's grammar for the rank's drafter, from its output's start
+    ([] when none is constrained: nothing travels)."""
+    if all(s.grammar is None for s in seqs):
+        return []
+    return [DraftGrammar(s.params.structured.kind, s.params.structured.value, len(s.prompt_ids))
+            if s.grammar is not None else None for s in seqs]

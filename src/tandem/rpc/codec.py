@@ -12,6 +12,7 @@ from tandem.errors import ShapeError
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.shard.commands import (
     GREEDY,
+    DraftGrammar,
     LogitRules,
     PrefillItem,
     PrefillResult,
@@ -263,6 +264,8 @@ def encode_propose(c: ProposeBatch) -> pb.ProposeBatch:
         positions=c.positions,
         num_drafts=c.num_drafts,
         sampling=[encode_sampling(s) for s in c.sampling],
+        grammars=[pb.DraftGrammar(kind=g.kind, value=g.value, start=g.start) if g is not None else pb.DraftGrammar()
+                  for g in c.grammars],
     )
 
 
@@ -273,6 +276,7 @@ def decode_propose(m: pb.ProposeBatch) -> ProposeBatch:
         positions=list(m.positions),
         num_drafts=list(m.num_drafts),
         sampling=[decode_sampling(s) for s in m.sampling],
+        grammars=[DraftGrammar(g.kind, g.value, g.start) if g.kind else None for g in m.grammars],
     )
 
 

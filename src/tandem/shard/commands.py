@@ -148,11 +148,25 @@ def failed_verdict(batch_id: int, n: int) -> Verdict:
 
 
 @dataclass(frozen=True)
+class DraftGrammar:
+    """A constrained sequence's grammar, for a rank-side drafter to draft under
+    (tandem.grammar.draft_matchers): the constraint's kind and value (as GrammarConstraint
+    has them) and the position of the output's first token, from which the grammar has
+    consumed every token of the slot's history. The rank keeps a matcher of its own a slot
+    and advances it by the committed tokens: only this travels, the same every propose."""
+
+    kind: str
+    value: str
+    start: int
+
+
+@dataclass(frozen=True)
 class ProposeBatch:
     """Ask the rank-side drafter for up to `num_drafts` drafts for each slot.
 
     last_tokens[i] is sequence i's last emitted token, at position positions[i]
     (= its committed KV length); the drafter already knows everything before it.
+    grammars[i]: sequence i's grammar, None for a free one; [] = none constrained.
     """
 
     slots: list[int]
@@ -160,6 +174,7 @@ class ProposeBatch:
     positions: list[int]
     num_drafts: list[int]
     sampling: list[SamplingSpec]
+    grammars: list[DraftGrammar | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -226,13 +226,16 @@ class ModelShard:
         n = len(cmd.slots)
         if not (len(cmd.last_tokens) == len(cmd.positions) == len(cmd.num_drafts) == len(cmd.sampling) == n):
             raise ShapeError("propose lengths", "slots, last_tokens, positions, num_drafts, sampling differ in length")
+        if cmd.grammars and len(cmd.grammars) != n:
+            raise ShapeError("len(grammars) in (0, n)", f"{len(cmd.grammars)} grammars for n={n}")
         for slot, pos in zip(cmd.slots, cmd.positions):
             self._check_slot(slot)
             if pos != self.lengths[slot]:
                 raise ShapeError("positions", f"slot {slot}: position {pos} but the shard holds {self.lengths[slot]}")
         self._check_tokens(cmd.last_tokens)
         drafts, q = self.drafter.propose(
-            list(cmd.slots), [self.history[s] for s in cmd.slots], list(cmd.last_tokens), list(cmd.num_drafts), list(cmd.sampling)
+            list(cmd.slots), [self.history[s] for s in cmd.slots], list(cmd.last_tokens), list(cmd.num_drafts), list(cmd.sampling),
+            grammars=list(cmd.grammars) or None,
         )
         for slot, d, qi in zip(cmd.slots, drafts, q):
             self._drafts[slot] = (list(d), qi)

@@ -36,6 +36,7 @@ from tandem.metrics import EngineMetrics
 from tandem.sequence import FinishReason, Sequence, logprob_entry
 from tandem.shard.commands import Verdict, VerifyBatch, VerifyResult, failed_verdict
 from tandem.verify.accept import accepted_prefix, accepted_sampled
+from tandem.verify.forced import forced_width
 
 log = logging.getLogger("tandem.verify")
 
@@ -63,6 +64,9 @@ class StepContext:
     block_table: Callable[[Sequence], list[int]] = lambda seq: []
     kv_committed: Callable[[Sequence], None] = lambda seq: None
     mask_words: int = 0  # int32 words of one grammar mask row (tandem.grammar.verify_masks)
+    # the tick's estimated forward ms for the sequences' draft counts (tandem.draft_cap), or
+    # None (no adaptive speculation): every forced token joins its drafts
+    plan_ms: Callable[[list[int]], float | None] | None = None
 
 
 def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
@@ -73,6 +77,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     n, g = len(batch), batch_width(batch, ctx.adaptive.block)
     k = g + 1
     drafts = [s.drafts for s in batch]
+    forced = [s.forced for s in batch]
     for s in batch:
         s.drafts = []
     cmd = VerifyBatch(
@@ -105,7 +110,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     for i, s in enumerate(batch):
         s.verify_failures = 0
         logprobs = res.logprobs[i] if s.output_logprobs is not None else None  # only for those that asked
-        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx, logprobs)
+        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx, logprobs, forced[i])
         ctx.kv_committed(s)  # the rows past its new length go back to the pool
     ctx.metrics.record_verify([len(d) for d in drafts], accepted)
 
@@ -123,6 +128,7 @@ def _grammar_rows(batch: list[Sequence], ctx: StepContext) -> dict[int, object]:
             kept, out[id(s)] = constrained_rows(s.grammar, s.drafts, ctx.mask_words, keep_refused=not s.params.greedy)
             if len(kept) < len(s.drafts):
                 ctx.metrics.grammar_cut_tokens.inc(len(s.drafts) - len(kept))
+                s.forced = max(0, s.forced - (len(s.drafts) - len(kept)))  # forced tokens come last
                 s.drafts = kept
     return out
 
@@ -188,15 +194,19 @@ def verdicts(cmd: VerifyBatch, res: VerifyResult, drafts: list[list[int]], batch
     return out
 
 
-def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: StepContext, logprobs=None) -> None:
+def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: StepContext, logprobs=None,
+         forced: int = 0) -> None:
     """The accepted drafts, then the bonus token; nothing past a stop condition. logprobs:
     the sequence's RowLogprobs (when it asked): an accepted draft's entry is the draft's at
-    its row, the bonus token's its pick's."""
+    its row, the bonus token's its pick's. forced: the drafts' last ones the grammar forced;
+    the adaptive rule judges the drafter by its own drafts (a forced token always passes)."""
+    drafted = len(drafts) - forced
     if drafts:
         s.stats.num_drafts += 1
         s.stats.num_draft_tokens += len(drafts)
         s.stats.num_accepted_tokens += accepted
-        ctx.adaptive.record_verify(s.spec, len(drafts), accepted, len(s.output_ids))
+        if drafted:
+            ctx.adaptive.record_verify(s.spec, drafted, min(accepted, drafted), len(s.output_ids))
         if ctx.drafter is not None:
             ctx.drafter.on_commit(s, len(drafts), accepted)
     before = len(s.output_ids)
@@ -204,7 +214,7 @@ def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: S
         s.emit(t, ctx.detok, logprob_entry(logprobs, r, draft=r < accepted) if logprobs is not None else None)
         if s.finished:
             break
-    if not drafts:
+    if not drafted:
         ctx.adaptive.record_plain(s.spec, len(s.output_ids) - before)
     ctx.metrics.generated_tokens.inc(len(s.output_ids) - before)
 
@@ -234,6 +244,8 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
             proposed = [_propose_one(s, g, ctx) for s, g in chunk]
         for (s, g), d in zip(chunk, proposed):
             s.drafts = list(d[:g])
+    for s in seqs:
+        s.forced = 0
     _add_forced(seqs, ctx)
     if want:
         ms = (ctx.clock.now() - t0) * 1000.0
@@ -244,13 +256,21 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
 def _add_forced(seqs: list[Sequence], ctx: StepContext) -> None:
     """Constrained sequences: the tokens their grammar forces join their drafts. A sampled
     sequence gets them only without drafts of the drafter's: the rank's q covers exactly the
-    drafter's own drafts (a forced token's q is one-hot, and p under the mask is too)."""
+    drafter's own drafts (a forced token's q is one-hot, and p under the mask is too). As
+    many as their rows pay for (tandem.verify.forced)."""
     most = min(MAX_ROWS - 1, ctx.group.limits.row_budget - 1)
+    forced: dict[int, list[int]] = {}
     for s in seqs:
         if s.grammar is not None and (s.params.greedy or not s.drafts):
-            kept, forced = with_forced(s.grammar, s.drafts, min(most, s.budget - 1) - len(s.drafts))
+            kept, forced[id(s)] = with_forced(s.grammar, s.drafts, min(most, s.budget - 1) - len(s.drafts))
             ctx.metrics.grammar_cut_tokens.inc(len(s.drafts) - len(kept))
-            s.drafts = kept + forced
+            s.drafts = kept
+    live = [s for s in seqs if not s.finished]
+    width = forced_width([len(s.drafts) for s in live], [len(forced.get(id(s), ())) for s in live],
+                         [s.spec.alpha for s in live], ctx.plan_ms) if forced else None
+    for s in live:
+        f = forced.get(id(s), [])[: None if width is None else max(0, width - len(s.drafts))]
+        s.drafts, s.forced = s.drafts + f, len(f)
 
 
 def _propose_one(s: Sequence, g: int, ctx: StepContext) -> list[int]:

@@ -177,6 +177,7 @@ class DFlashDrafter:
         last_tokens: list[int],
         num_drafts: list[int],
         sampling: list[SamplingSpec],
+        grammars=None,  # not drafted under: a block's picks are made at once; the verify cuts them
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         n = len(slots)
         if n == 0:

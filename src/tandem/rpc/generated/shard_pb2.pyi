@@ -276,18 +276,30 @@ class Verdict(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., words: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeBatch(_message.Message):
-    __slots__ = ("slots", "last_tokens", "positions", "num_drafts", "sampling")
+    __slots__ = ("slots", "last_tokens", "positions", "num_drafts", "sampling", "grammars")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    GRAMMARS_FIELD_NUMBER: _ClassVar[int]
     slots: _containers.RepeatedScalarFieldContainer[int]
     last_tokens: _containers.RepeatedScalarFieldContainer[int]
     positions: _containers.RepeatedScalarFieldContainer[int]
     num_drafts: _containers.RepeatedScalarFieldContainer[int]
     sampling: _containers.RepeatedCompositeFieldContainer[SamplingSpec]
-    def __init__(self, slots: _Optional[_Iterable[int]] = ..., last_tokens: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ...) -> None: ...
+    grammars: _containers.RepeatedCompositeFieldContainer[DraftGrammar]
+    def __init__(self, slots: _Optional[_Iterable[int]] = ..., last_tokens: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ..., grammars: _Optional[_Iterable[_Union[DraftGrammar, _Mapping]]] = ...) -> None: ...
+
+class DraftGrammar(_message.Message):
+    __slots__ = ("kind", "value", "start")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    value: str
+    start: int
+    def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ..., start: _Optional[int] = ...) -> None: ...
 
 class ProposeResult(_message.Message):
     __slots__ = ("tokens", "counts")
