@@ -23,17 +23,20 @@ def verify_logprobs(logits: torch.Tensor, rows: torch.Tensor, picks: list[int],
         return []
     n, k, _ = logits.shape
     device = logits.device
-    at = torch.tensor(want, dtype=torch.long, device=device)
-    lp = torch.log_softmax(logits.index_select(0, at).float(), dim=-1)  # [m, k, V]
+    # Log-probabilities as logits - logsumexp, taken only where they are read: the full
+    # log_softmax tensor and its top-k cost twice as much (topk of the logits orders them alike).
+    sel = logits if len(want) == n else logits.index_select(0, torch.tensor(want, dtype=torch.long, device=device))
+    sel = sel.float()  # [m, k, V]
+    lse = torch.logsumexp(sel, dim=-1)  # [m, k]
     pick = torch.tensor([picks[i * k : (i + 1) * k] for i in want], dtype=torch.long, device=device)
-    chosen = lp.gather(-1, pick[..., None])[..., 0]  # [m, k]
+    chosen = sel.gather(-1, pick[..., None])[..., 0] - lse  # [m, k]
     drafts = rows[want][:, 1:].to(device)
-    drafted = lp[:, :-1].gather(-1, drafts[..., None])[..., 0]  # [m, k-1]
+    drafted = sel[:, :-1].gather(-1, drafts[..., None])[..., 0] - lse[:, :-1]  # [m, k-1]
     top_n = max(sampling[i].logprobs for i in want)
     parts = [chosen.flatten(), drafted.flatten()]
     if top_n:
-        top = lp.topk(top_n, dim=-1)
-        parts += [top.values.flatten(), top.indices.flatten().float()]  # ids < 2**24 are exact in fp32
+        top = sel.topk(top_n, dim=-1)
+        parts += [(top.values - lse[..., None]).flatten(), top.indices.flatten().float()]  # ids < 2**24 are exact in fp32
     flat = torch.cat(parts).tolist()  # one read back from the device
     m, at = len(want), 0
 
@@ -64,12 +67,15 @@ def last_logprobs(logits: torch.Tensor, picks: list[int], sampling: list[Samplin
 
 def rows_logprobs(logits: torch.Tensor, targets: list[int], top_n: int) -> RowLogprobs:
     """logits [R, V] (raw) of R rows, targets [R] the token each row is scored for."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(-1, torch.tensor(targets, dtype=torch.long, device=lp.device)[:, None])[:, 0].tolist()
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)  # [R]
+    at = torch.tensor(targets, dtype=torch.long, device=logits.device)[:, None]
+    chosen = (logits.gather(-1, at)[:, 0] - lse).tolist()
     if not top_n:
         return RowLogprobs(chosen=chosen)
-    top = lp.topk(top_n, dim=-1)
-    return RowLogprobs(chosen=chosen, top_ids=top.indices.flatten().tolist(), top_logprobs=top.values.flatten().tolist())
+    top = logits.topk(top_n, dim=-1)
+    values = top.values - lse[:, None]
+    return RowLogprobs(chosen=chosen, top_ids=top.indices.flatten().tolist(), top_logprobs=values.flatten().tolist())
 
 
 def joined(parts: list[RowLogprobs]) -> RowLogprobs:
