@@ -23,12 +23,10 @@ import torch
 
 from tandem.grammar.constraint import GrammarConstraint
 from tandem.grammar.verify_masks import fill_row
+from tandem.sampling.grammar_mask import unpack
 from tandem.shard.commands import DraftGrammar
 
 log = logging.getLogger("tandem.grammar")
-
-_BITS = torch.arange(32, dtype=torch.int32)
-
 
 @dataclass
 class _SlotMatcher:
@@ -141,7 +139,7 @@ def mask_draft_logits(logits: torch.Tensor, walks: list[DraftWalk | None]) -> to
         return logits
     n_vocab = logits.shape[-1]
     words = torch.from_numpy(np.stack([r for _, r in rows])).to(logits.device)
-    bits = ((words[:, :, None] >> _BITS.to(logits.device)) & 1).view(len(rows), -1).bool()  # [c, 32 * words]
+    bits = unpack(words)  # [c, 32 * words]
     if bits.shape[1] < n_vocab:
         bits = torch.nn.functional.pad(bits, (0, n_vocab - bits.shape[1]))  # past the grammar's tokens: refused
     index = torch.tensor([i for i, _ in rows], device=logits.device)

@@ -9,11 +9,16 @@ import torch
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
+def unpack(words: torch.Tensor) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, 32 * words] bool, token t at bit t % 32 of word t // 32."""
+    bits = (words[:, :, None] >> _BITS.to(words.device)) & 1  # [rows, words, 32]
+    return bits.view(words.shape[0], -1).bool()
+
+
 def allowed(mask: bytes, rows: int, vocab: int, device: torch.device) -> torch.Tensor:
     """[rows, vocab] bool from `rows` rows of ceil(vocab/32) words."""
     words = torch.frombuffer(bytearray(mask), dtype=torch.int32).view(rows, -1).to(device)
-    bits = (words[:, :, None] >> _BITS.to(device)) & 1  # [rows, words, 32]
-    return bits.view(rows, -1)[:, :vocab].bool()
+    return unpack(words)[:, :vocab]
 
 
 def mask_verify_logits(logits: torch.Tensor, masks: list[bytes] | None) -> torch.Tensor:
