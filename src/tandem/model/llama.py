@@ -20,7 +20,7 @@ from tandem.model.config import ModelConfig
 from tandem.model.cpu_linear import FusedLinears, pack_linear_layers, share_fused_storage
 from tandem.model.cpu_malloc import keep_freed_memory
 from tandem.model.kv_cache import PagedKVCache
-from tandem.model.paged_attention import paged_attention
+from tandem.model.row_places import RowPlaces
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,25 +39,6 @@ class ModelOutput:
     # hidden[i]: output of decoder layer i, [n, k, hidden] in the model's dtype
     # (HF's `hidden_states[i + 1]`; the last layer's output is before the final norm).
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass
-class RowPlaces:
-    """Where a forward's rows go in the paged cache: tables [n, W] int32 (each sequence's
-    blocks, padded with the scratch block), start_pos [n] int32, and per row its position,
-    block and offset ([n, k] each)."""
-
-    tables: torch.Tensor
-    start_pos: torch.Tensor
-    positions: torch.Tensor
-    blocks: torch.Tensor
-    offsets: torch.Tensor
-
-    @classmethod
-    def of(cls, tables: torch.Tensor, start_pos: torch.Tensor, k: int, block_size: int) -> "RowPlaces":
-        pos = start_pos.long()[:, None] + torch.arange(k, device=start_pos.device)  # [n, k]
-        blocks = tables.long().gather(1, pos // block_size)
-        return cls(tables=tables, start_pos=start_pos.int(), positions=pos, blocks=blocks, offsets=pos % block_size)
 
 
 @dataclass
@@ -146,7 +127,7 @@ class Attention(nn.Module):
             q, key = qk[:, :, :hq], qk[:, :, hq:]  # [n, k, hq, d], [n, k, hkv, d]
             cache.write(layer, key, value, where.blocks, where.offsets)
             q = q.contiguous()
-        out = paged_attention(q, cache.k[layer], cache.v[layer], where.tables, where.start_pos)
+        out = where.attend(q, cache.k[layer], cache.v[layer])
         return self.o_proj(out.reshape(n, k, hq * d))
 
 
@@ -303,12 +284,18 @@ class LlamaForCausalLM(nn.Module):
         ([n, k, vocab]). A prefill of long prompts needs one row's logits a sequence, and the
         full head there would be [n * k, vocab] floats (151k wide for Qwen: gigabytes).
         """
+        where = RowPlaces.of(block_tables, start_pos, tokens.shape[1], cache.block_size)
+        return self.run_rows(tokens, where, cache, capture_layers, logit_rows)
+
+    def run_rows(self, tokens: torch.Tensor, where: RowPlaces, cache: PagedKVCache,
+                 capture_layers: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> ModelOutput:
+        """forward's work on rows already placed: one rectangle, or several side by side
+        (tandem.model.grouped_forward)."""
         n, k = tokens.shape
         bad = [i for i in capture_layers if not 0 <= i < self.config.num_layers]
         if bad:
             raise ValueError(f"capture_layers {bad} outside 0..{self.config.num_layers - 1}")
         device = tokens.device
-        where = RowPlaces.of(block_tables, start_pos, k, cache.block_size)
         # (clamped: the pad rows of a prefill batch may run past the rope tables)
         pos = where.positions.clamp_max(self.rope_cos.shape[0] - 1)
 
