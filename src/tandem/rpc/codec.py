@@ -189,10 +189,14 @@ def _encode_prefill_item(it: PrefillItem) -> pb.PrefillItem:
 
 
 def decode_prefill(m: pb.PrefillRequest) -> list[PrefillItem]:
+    return _decode_prefill_items(m.items)
+
+
+def _decode_prefill_items(items) -> list[PrefillItem]:
     return [PrefillItem(slot=it.slot, tokens=list(it.tokens), sampling=decode_sampling(it.sampling),
                         blocks=list(it.blocks), cached_len=it.cached_len, grammar_mask=bytes(it.grammar_mask),
                         prompt_logprobs=it.prompt_logprobs if it.HasField("prompt_logprobs") else None,
-                        next_token=it.next_token) for it in m.items]
+                        next_token=it.next_token) for it in items]
 
 
 def encode_prefill_result(r: PrefillResult) -> pb.PrefillResult:
@@ -219,6 +223,7 @@ def encode_verify(c: VerifyBatch) -> pb.VerifyBatch:
         blocks=[b for t in c.block_tables for b in t],
         block_counts=[len(t) for t in c.block_tables],
         grammar_masks=c.grammar_masks,
+        prefill=[_encode_prefill_item(it) for it in c.prefill],
     )
 
 
@@ -233,18 +238,23 @@ def decode_verify(m: pb.VerifyBatch) -> VerifyBatch:
         sampling=[decode_sampling(s) for s in m.sampling] if m.sampling else [GREEDY] * max(0, m.n),
         block_tables=_split(list(m.blocks), list(m.block_counts), "verify block tables"),
         grammar_masks=[bytes(x) for x in m.grammar_masks],
+        prefill=_decode_prefill_items(m.prefill),
     )
 
 
 def encode_verify_result(r: VerifyResult) -> pb.VerifyResult:
-    return pb.VerifyResult(batch_id=r.batch_id, picks=r.picks, accept_probs=r.accept_probs,
-                           logprobs=[encode_row_logprobs(x) for x in r.logprobs])
+    m = pb.VerifyResult(batch_id=r.batch_id, picks=r.picks, accept_probs=r.accept_probs,
+                        logprobs=[encode_row_logprobs(x) for x in r.logprobs])
+    if r.prefill is not None:
+        m.prefill.CopyFrom(encode_prefill_result(r.prefill))
+    return m
 
 
 def decode_verify_result(m: pb.VerifyResult) -> VerifyResult:
     # accept_probs are 0/1 for greedy rows and probabilities otherwise: float32 is plenty
     return VerifyResult(batch_id=m.batch_id, picks=list(m.picks), accept_probs=list(m.accept_probs),
-                        logprobs=[decode_row_logprobs(x) for x in m.logprobs])
+                        logprobs=[decode_row_logprobs(x) for x in m.logprobs],
+                        prefill=decode_prefill_result(m.prefill) if m.HasField("prefill") else None)
 
 
 def encode_verdict(v: Verdict) -> pb.Verdict:

@@ -136,7 +136,8 @@ class GrpcShardGroup(FanOut):
     def verify(self, cmd: VerifyBatch) -> VerifyResult:
         self._check_healthy()
         self.rules.check(cmd)  # ShapeError naming the rule; nothing has been sent
-        replies = self._fan_out("Verify", codec.encode_verify(cmd), self.deadline_s)
+        # riding chunks add at most a row budget of rows: the time of a second forward
+        replies = self._fan_out("Verify", codec.encode_verify(cmd), self.deadline_s * (2 if cmd.prefill else 1))
         failed = [r for r in replies if not r.ok]
         if failed and all(r.code == INVALID for r in replies):
             raise _shape_error(replies[0])  # every rank refused it before its forward
@@ -150,6 +151,8 @@ class GrpcShardGroup(FanOut):
                 f"rank 0 returned a short result: batch {res.batch_id}, {len(res.picks)} picks and "
                 f"{len(res.accept_probs)} accept probabilities for {rows} rows",
             )
+        if cmd.prefill and (res.prefill is None or len(res.prefill.next_tokens) != len(cmd.prefill)):
+            self._fail_verify(cmd, f"rank 0 returned no picks for the {len(cmd.prefill)} chunks riding on batch {cmd.batch_id}")
         return res
 
     def commit(self, verdict: Verdict) -> None:

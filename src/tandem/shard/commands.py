@@ -110,6 +110,9 @@ class VerifyBatch:
     # [n] or empty (none constrained): sequence i's k rows of allowed tokens
     # (tandem.sampling.grammar_mask); b"" = unconstrained
     grammar_masks: list[bytes] = field(default_factory=list)
+    # prompt chunks riding on the verify: prefilled in the same forward (slots apart from the
+    # batch's, no prompt scoring), done whatever the verdict; [] = none
+    prefill: list[PrefillItem] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ class VerifyResult:
     accept_probs: list[float]  # [n*k]
     # [n] or empty (none asked): k rows of each sequence whose sampling asks for logprobs
     logprobs: list[RowLogprobs] = field(default_factory=list)
+    prefill: PrefillResult | None = None  # the riding chunks' result, when the batch carried any
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,29 @@ class ShapeRules:
             self.check_table(slot, table, start + cmd.k)
         bs = self.block_size
         written = [t[p // bs : -(-(p + cmd.k) // bs)] for p, t in zip(cmd.start_pos, cmd.block_tables)]
-        self.check_writes(cmd.slots, cmd.block_tables, written, "batch")
+        if cmd.prefill:
+            self._check_riders(cmd, written)
+        else:
+            self.check_writes(cmd.slots, cmd.block_tables, written, "batch")
+
+    def _check_riders(self, cmd: VerifyBatch, written: list[list[int]]) -> None:
+        """Prompt chunks riding on a verify (each checked as a prefill item by the rank):
+        slots apart from the batch's, no prompt scoring, their rows within the row budget,
+        and no block written by two sequences of the forward."""
+        riders = cmd.prefill
+        shared = set(cmd.slots) & {it.slot for it in riders}
+        if shared:
+            raise ShapeError("prefill slots apart", f"slots {sorted(shared)} are verified and prefilled in one batch")
+        if any(it.prompt_logprobs is not None for it in riders):
+            raise ShapeError("prefill prompt_logprobs", "a chunk that scores its prompt does not ride on a verify")
+        rows = sum(len(it.tokens) - it.cached_len for it in riders)
+        if rows > self.row_budget:
+            raise ShapeError("row_budget", f"the riding chunks' {rows} rows exceed the row budget {self.row_budget}")
+        bs = self.block_size
+        slots = list(cmd.slots) + [it.slot for it in riders]
+        tables = list(cmd.block_tables) + [list(it.blocks) for it in riders]
+        written = written + [list(it.blocks[it.cached_len // bs :]) for it in riders]
+        self.check_writes(slots, tables, written, "verify with its chunks")
 
     def check_writes(self, slots: list[int], tables: list[list[int]], written: list[list[int]], what: str) -> None:
         """A block one sequence writes (written[i], part of tables[i]) lies in no other

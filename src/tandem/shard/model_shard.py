@@ -33,6 +33,7 @@ from tandem.shard.commands import (
 )
 from tandem.shard.prefill_groups import prefill_groups
 from tandem.shard.prompt_scoring import score_prompt
+from tandem.shard.riders import forward_with_riders
 
 
 @dataclass
@@ -116,16 +117,23 @@ class ModelShard:
                 forwarded[group[0]] = self._forward_prompt(items[group[0]])
             else:
                 forwarded.update(zip(group, self._forward_prompts([items[i] for i in group])))
-        logits = []
-        for i, it in enumerate(items):
-            last, hidden = forwarded[i]
-            logits.append(last)
+        logits = self._prefilled(items, [forwarded[i] for i in range(len(items))])
+        return self._prefill_result(items, logits, scored)
+
+    def _prefilled(self, items: list[PrefillItem], forwarded) -> list[torch.Tensor]:
+        """The items' tokens are in the KV now (forwarded: each one's last-row logits and
+        captured rows): their slots' lengths and histories, and the rank-side drafter's
+        prefill. Returns the last rows' logits."""
+        for it, (_, hidden) in zip(items, forwarded):
             self.lengths[it.slot] = len(it.tokens)
             self.history[it.slot] = list(it.tokens)
             self._drafts.pop(it.slot, None)
             if self.drafter is not None:
                 self.drafter.set_table(it.slot, list(it.blocks))
                 self.drafter.prefill(it.slot, list(it.tokens), self._joined(hidden), it.cached_len)
+        return [last for last, _ in forwarded]
+
+    def _prefill_result(self, items: list[PrefillItem], logits: list[torch.Tensor], scored=None) -> PrefillResult:
         if self.rank != 0:
             return PrefillResult(next_tokens=[])
         stacked = torch.stack(logits)  # [n, V]
@@ -172,25 +180,33 @@ class ModelShard:
             if pos + cmd.k > self.limits.max_model_len:
                 raise ShapeError("context", f"slot {slot}: {pos}+{cmd.k} rows exceed the context {self.limits.max_model_len}")
         self._check_tokens(cmd.tokens)
+        riders, rider_logits = list(cmd.prefill), []
+        if riders:
+            self._check_prefill(riders)  # and self.rules.check the chunks beside the batch
         rows = torch.tensor(cmd.tokens, dtype=torch.long).view(cmd.n, cmd.k)  # on the host
         out = None
-        if self.graphs is not None:
+        if self.graphs is not None and not riders:  # a forward with chunks runs eagerly
             out = self.graphs.forward(list(cmd.tokens), cmd.n, cmd.k, list(cmd.block_tables), list(cmd.start_pos), self.capture)
-        if out is None:
+        if riders:
+            out, forwarded = forward_with_riders(self.model, self.cache, cmd, _to_device(rows, self.device),
+                                                 self.capture, self.rules.row_budget)
+            rider_logits = self._prefilled(riders, forwarded)
+        elif out is None:
             out = self._forward(_to_device(rows, self.device), list(cmd.block_tables), cmd.start_pos)
         # one concatenation for the batch, not one a sequence at commit (queued, no sync)
         pending = self.pending = _Pending(cmd=cmd, feats=self._joined(out.hidden))
 
         @torch.inference_mode()
         def result() -> VerifyResult:
+            prefilled = self._prefill_result(riders, rider_logits) if riders else None
             if self.rank != 0:
-                return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[])
+                return VerifyResult(batch_id=cmd.batch_id, picks=[], accept_probs=[], prefill=prefilled)
             q = [self._draft_probs(slot, cmd.tokens[i * cmd.k + 1 : (i + 1) * cmd.k]) for i, slot in enumerate(cmd.slots)]
             picks, accept = pick_rows(out.logits, rows, cmd.start_pos, cmd.sampling, q, [self.history[s] for s in cmd.slots],
                                    cmd.grammar_masks)
             pending.picks = picks
             return VerifyResult(batch_id=cmd.batch_id, picks=picks, accept_probs=accept,
-                                logprobs=verify_logprobs(out.logits, rows, picks, cmd.sampling))
+                                logprobs=verify_logprobs(out.logits, rows, picks, cmd.sampling), prefill=prefilled)
 
         return result
 

@@ -232,7 +232,7 @@ class CommandReply(_message.Message):
     def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., prefill: _Optional[_Union[PrefillResult, _Mapping]] = ..., verify: _Optional[_Union[VerifyResult, _Mapping]] = ..., done: _Optional[_Union[Empty, _Mapping]] = ..., propose: _Optional[_Union[ProposeResult, _Mapping]] = ...) -> None: ...
 
 class VerifyBatch(_message.Message):
-    __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling", "blocks", "block_counts", "grammar_masks")
+    __slots__ = ("batch_id", "n", "k", "slots", "start_pos", "tokens", "sampling", "blocks", "block_counts", "grammar_masks", "prefill")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +243,7 @@ class VerifyBatch(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_COUNTS_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_MASKS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     n: int
     k: int
@@ -253,19 +254,22 @@ class VerifyBatch(_message.Message):
     blocks: _containers.RepeatedScalarFieldContainer[int]
     block_counts: _containers.RepeatedScalarFieldContainer[int]
     grammar_masks: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ..., blocks: _Optional[_Iterable[int]] = ..., block_counts: _Optional[_Iterable[int]] = ..., grammar_masks: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    prefill: _containers.RepeatedCompositeFieldContainer[PrefillItem]
+    def __init__(self, batch_id: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Iterable[_Union[SamplingSpec, _Mapping]]] = ..., blocks: _Optional[_Iterable[int]] = ..., block_counts: _Optional[_Iterable[int]] = ..., grammar_masks: _Optional[_Iterable[bytes]] = ..., prefill: _Optional[_Iterable[_Union[PrefillItem, _Mapping]]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("batch_id", "picks", "accept_probs", "logprobs")
+    __slots__ = ("batch_id", "picks", "accept_probs", "logprobs", "prefill")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     PICKS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_PROBS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     picks: _containers.RepeatedScalarFieldContainer[int]
     accept_probs: _containers.RepeatedScalarFieldContainer[float]
     logprobs: _containers.RepeatedCompositeFieldContainer[RowLogprobs]
-    def __init__(self, batch_id: _Optional[int] = ..., picks: _Optional[_Iterable[int]] = ..., accept_probs: _Optional[_Iterable[float]] = ..., logprobs: _Optional[_Iterable[_Union[RowLogprobs, _Mapping]]] = ...) -> None: ...
+    prefill: PrefillResult
+    def __init__(self, batch_id: _Optional[int] = ..., picks: _Optional[_Iterable[int]] = ..., accept_probs: _Optional[_Iterable[float]] = ..., logprobs: _Optional[_Iterable[_Union[RowLogprobs, _Mapping]]] = ..., prefill: _Optional[_Union[PrefillResult, _Mapping]] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("batch_id", "words")
