@@ -48,6 +48,7 @@ class EngineConfig:
     gpu_memory_utilization: float = option(0.9, "Share of the GPU's memory the rank may use (weights, activations, KV pool) when kv_cache_memory_gb is None.", gt=0, le=1)
     enable_prefix_caching: bool = option(True, "Share the KV of full blocks of identical prompt prefixes across requests.")
     max_prefill_tokens: int = option(2048, "Most prompt tokens prefilled in one tick: longer prompts, or a burst of them, are prefilled in chunks over several ticks, and running sequences keep decoding between the chunks.", ge=1)
+    mixed_prefill: bool = option(True, "While sequences run, prompt chunks ride on their verify forward (at most row_budget prompt tokens a tick, beside the verify's rows): a burst of new prompts delays running streams by the chunks' compute, not by forwards of their own. False: prefill ticks of up to max_prefill_tokens alternate with verify ticks (a first token sooner, running streams waiting longer).")
     row_budget: int = option(256, "Most rows in one target forward (n sequences x k rows).", ge=1, le=65536)
     shards: int = option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).", ge=1, le=64)
     device: str = option("auto", "auto (a GPU when there is one), cpu, cuda.")

@@ -28,18 +28,17 @@ from tandem.draft_cap import DraftCapPolicy
 from tandem.drafters.factory import build_drafter
 from tandem.due_outputs import DueOutput
 from tandem.errors import InvalidRequestError, ShapeError, ShardError
-from tandem.grammar.verify_masks import start_mask
 from tandem.intake import Admission, Request, RequestIntake
 from tandem.kv import KVBlockManager
 from tandem.metrics import EngineMetrics
 from tandem.output_tracker import OutputTracker
 from tandem.outputs import RequestOutput
+from tandem.prefill_work import PrefillWork
 from tandem.release import OutputRelease, Sink
 from tandem.sampling_params import SamplingParams
-from tandem.scheduler import Scheduler, prefill_tokens
-from tandem.sequence import FinishReason, Sequence, logprob_entry, record_prompt_logprobs
-from tandem.shard.commands import PrefillItem
-from tandem.verify.step import StepContext, propose_drafts, verify_step
+from tandem.scheduler import Scheduler
+from tandem.sequence import FinishReason, Sequence
+from tandem.verify.step import StepContext, verify_step
 
 log = logging.getLogger("tandem.engine")
 
@@ -100,6 +99,8 @@ class Engine:
             plan_ms=self.draft_cap.plan if self.config.adaptive else None,
             kv_committed=self.scheduler.committed,
         )
+        self.prefills = PrefillWork(group, self.scheduler, self.ctx, self.metrics, self.clock,
+                                    self.intake.grammars.words, self.draft_cap)
         self._lock = threading.RLock()  # held for a whole tick
         self._prefill_tick = False  # the last tick only admitted (see _prefill_only)
 
@@ -176,9 +177,14 @@ class Engine:
             earlier = [] if self.group.healthy() else self._recover()
             others_wait = bool(self.scheduler.running)
             self.scheduler.admit()
-            started = self._prefill(self.scheduler.prefill_chunks())
-            if not self._prefill_only(started, others_wait):
-                self._verify_running(started)
+            if self._chunks_ride():
+                chunks = self.scheduler.prefill_chunks(self.group.limits.row_budget)
+                started = self.prefills.run([c for c in chunks if c[0].scores_prompt])  # every row's logits: apart
+                self._verify_running(started, [c for c in chunks if not c[0].scores_prompt])
+            else:
+                started = self.prefills.run(self.scheduler.prefill_chunks())
+                if not self._prefill_only(started, others_wait):
+                    self._verify_running(started)
             self.metrics.record_scheduler(self.scheduler)
             return earlier + self.release.end_tick()
 
@@ -195,16 +201,31 @@ class Engine:
         self._prefill_tick = bool(started) and not (self._prefill_tick and others_wait)
         return self._prefill_tick
 
-    def _verify_running(self, started: list[Sequence]) -> None:
+    def _chunks_ride(self) -> bool:
+        """Whether this tick's prompt chunks ride on a verify (config.mixed_prefill): some
+        sequence is ready to verify, and the last ride was not refused (its chunks then
+        go in a prefill of their own, where a failure finishes only its own sequence)."""
+        refused, self.prefills.ride_refused = self.prefills.ride_refused, False
+        if not self.config.mixed_prefill or refused:
+            return False
+        return any(not s.finished and s.request_id not in self.scheduler.prefilling for s in self.scheduler.running)
+
+    def _verify_running(self, started: list[Sequence], ride: list[tuple[Sequence, int, int]] = ()) -> None:
+        """One verify step per batch; the prompt chunks `ride` on the first."""
         if started and self.release.sink is not None:
             # Admitted right after a prefill tick, they share this tick with the verify;
             # with a sink, their first tokens still leave at their prefill.
             self.release.send_now()
         self.ctx.draft_cap = self.draft_cap.cap()
         for batch in self.scheduler.verify_batches(self.ctx.cost.estimate, self.adaptive.block):
-            verify_step(batch, self.ctx)
+            if ride:
+                self.prefills.ride(batch, ride)
+                ride = []
+            else:
+                verify_step(batch, self.ctx)
             if not self.group.healthy():
-                break  # the rest wait for the recovery next tick
+                return  # the rest wait for the recovery next tick
+        self.prefills.run(ride)  # no batch to ride on
 
     def _make_room(self, batch: list[Sequence], rows: int) -> list[Sequence]:
         """The batch less what the scheduler preempted to give it KV blocks for `rows`
@@ -213,63 +234,6 @@ class Engine:
         self._release_slots(self.scheduler.preempted_slots)
         self.scheduler.preempted_slots = []
         return kept
-
-    def _prefill(self, chunks: list[tuple[Sequence, int, int]]) -> list[Sequence]:
-        """Prefill this tick's chunks (sequence, start, end) in one command; on failure retry
-        one by one so a failure finishes only its own. The sequences whose prefill completed:
-        a first prefill emits its first token; a later one (after a preemption or a recovery)
-        writes its tokens but the last, which is row 0 of its next verify."""
-        if not chunks:
-            return []
-        items = [self._prefill_item(s, start, end) for s, start, end in chunks]
-        seqs = [s for s, _, _ in chunks]
-        t0 = self.clock.now()
-        try:
-            res = self.group.prefill(items)
-        except (ShardError, ShapeError) as e:
-            if isinstance(e, ShardError) and e.unhealthy:
-                self.scheduler.requeue(seqs)  # they wait for the recovery instead
-                return []
-            if len(chunks) == 1:
-                seqs[0].finish(FinishReason.ERROR, error=f"prefill failed: {e}")
-                return []
-            return [s for chunk in chunks for s in self._prefill([chunk])]
-        now = self.clock.now()
-        self.ctx.cost.record_prefill(sum(len(it.tokens) - it.cached_len for it in items), (now - t0) * 1000.0)
-        started = []
-        for i, ((s, start, end), tok) in enumerate(zip(chunks, res.next_tokens)):
-            if items[i].prompt_logprobs is not None:
-                record_prompt_logprobs(s, start, res.prompt_logprobs[i] if res.prompt_logprobs else None)
-            if start == s.cached_len:  # its first chunk
-                self.metrics.record_prefix_hit(len(prefill_tokens(s)), s.cached_len)
-                self.metrics.queue_time.observe(t0 - s.arrival)
-            if not self.scheduler.prefilled(s, end):
-                continue  # more chunks in later ticks
-            if not s.output_ids:
-                self.metrics.prompt_tokens.inc(len(s.prompt_ids))
-                self.metrics.time_to_first_token.observe(now - s.arrival)
-                s.first_token_time = now
-                asked = res.logprobs and s.output_logprobs is not None
-                s.emit(tok, self.ctx.detok, logprob_entry(res.logprobs[i], 0) if asked else None)
-                self.metrics.generated_tokens.inc()
-            s.drafts = []
-            self.scheduler.committed(s)
-            started.append(s)
-        # the cap counts the new sequences before their first propose: a cap left from a
-        # smaller batch would draft (and, for a draft model, catch up) a whole wave of prompts
-        self.ctx.draft_cap = self.draft_cap.cap()
-        propose_drafts([s for s in started if not s.finished], self.ctx)
-        return started
-
-    def _prefill_item(self, s: Sequence, start: int, end: int) -> PrefillItem:
-        blocks = self.scheduler.table(s)[: -(-end // self.scheduler.kv.block_size)]  # those of its first `end`
-        # the grammar's start state masks the pick after the prompt (a later chunk's pick is not read)
-        mask = start_mask(s.grammar, self.intake.grammars.words) if s.grammar and not s.output_ids else b""
-        tokens = prefill_tokens(s)
-        scored = s.scores_prompt  # the first prefill of a request that asked for prompt logprobs
-        return PrefillItem(slot=s.slot, tokens=tokens[:end], sampling=s.sampling, blocks=blocks, cached_len=start,
-                           grammar_mask=mask, prompt_logprobs=s.params.prompt_logprobs if scored else None,
-                           next_token=tokens[end] if scored and end < len(tokens) else -1)
 
     def _recover(self) -> list[RequestOutput]:
         """Restart a lost shard group and re-prefill every running sequence from its tokens;

@@ -80,12 +80,12 @@ class Scheduler:
         self.waiting.extendleft(reversed(deferred))
         return admitted
 
-    def prefill_chunks(self) -> list[tuple[Sequence, int, int]]:
-        """This tick's prefill work within max_prefill_tokens: (sequence, start, end) per
-        chunk, the longest-waiting first. A chunk that stops short of its prompt's end stops
-        at a block boundary (the next chunk starts on a fresh block, as after a prefix-cache
-        hit); a budget under a block moves the oldest on by one block."""
-        left, chunks = self.max_prefill_tokens, []
+    def prefill_chunks(self, budget: int | None = None) -> list[tuple[Sequence, int, int]]:
+        """This tick's prefill work within `budget` tokens (default max_prefill_tokens):
+        (sequence, start, end) per chunk, the longest-waiting first. A chunk that stops short
+        of its prompt's end stops at a block boundary (the next chunk starts on a fresh block,
+        as after a prefix-cache hit); a budget under a block moves the oldest on by one block."""
+        left, chunks = min(budget or self.max_prefill_tokens, self.max_prefill_tokens), []
         for seq in sorted(self.pending_prefill(), key=lambda s: self._admitted_at[s.request_id]):
             if left <= 0:
                 break

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 
 from tandem.adaptive import AdaptiveSpec, BatchCostModel
@@ -34,7 +34,7 @@ from tandem.errors import ShapeError, ShardError
 from tandem.grammar.verify_masks import constrained_rows, padded_mask, with_forced
 from tandem.metrics import EngineMetrics
 from tandem.sequence import FinishReason, Sequence, logprob_entry
-from tandem.shard.commands import Verdict, VerifyBatch, VerifyResult, failed_verdict
+from tandem.shard.commands import PrefillItem, PrefillResult, Verdict, VerifyBatch, VerifyResult, failed_verdict
 from tandem.verify.accept import accepted_prefix, accepted_sampled
 from tandem.verify.forced import forced_width
 
@@ -69,11 +69,15 @@ class StepContext:
     plan_ms: Callable[[list[int]], float | None] | None = None
 
 
-def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
+def verify_step(batch: list[Sequence], ctx: StepContext,
+                riders: Callable[[], list[PrefillItem]] | None = None) -> PrefillResult | None:
+    """riders: the prompt chunks to prefill in the same forward, asked for once the batch
+    has its KV blocks (making room may preempt a chunk's sequence). Returns their result,
+    or None where none rode or they were not run (the caller prefills them apart)."""
     mask_rows = _grammar_rows(batch, ctx)
     batch = ctx.make_room(batch, batch_width(batch, ctx.adaptive.block) + 1)
     if not batch:
-        return
+        return None
     n, g = len(batch), batch_width(batch, ctx.adaptive.block)
     k = g + 1
     drafts = [s.drafts for s in batch]
@@ -90,14 +94,15 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
         sampling=[s.sampling for s in batch],
         block_tables=[ctx.block_table(s) for s in batch],
         grammar_masks=[padded_mask(mask_rows[id(s)], k) if id(s) in mask_rows else b"" for s in batch] if mask_rows else [],
+        prefill=riders() if riders is not None else [],
     )
     t0 = ctx.clock.now()
     res = _forward(cmd, batch, drafts, ctx)
     if res is None:
-        return
+        return None
     verify_ms = (ctx.clock.now() - t0) * 1000.0
     ctx.metrics.verify_ms.observe(verify_ms)
-    ctx.cost.record_forward(n * k, verify_ms)
+    ctx.cost.record_forward(n * k + sum(len(it.tokens) - it.cached_len for it in cmd.prefill if res.prefill), verify_ms)
 
     accepted = verdicts(cmd, res, drafts, batch)
     try:
@@ -118,6 +123,7 @@ def verify_step(batch: list[Sequence], ctx: StepContext) -> None:
     propose_drafts([s for s in batch if not s.finished], ctx)
     propose_ms = (ctx.clock.now() - t1) * 1000.0
     ctx.metrics.log_tick(n, g, sum(accepted), sum(len(d) for d in drafts), verify_ms, propose_ms)
+    return res.prefill
 
 
 def _grammar_rows(batch: list[Sequence], ctx: StepContext) -> dict[int, object]:
@@ -146,6 +152,9 @@ def _forward(cmd: VerifyBatch, batch: list[Sequence], drafts: list[list[int]], c
     try:
         res = ctx.group.verify(cmd)
     except ShapeError as e:
+        if cmd.prefill:  # refused chunks must not fail the running batch: it goes alone
+            log.warning("chunks riding on batch %d refused (%s); the batch goes alone", cmd.batch_id, e)
+            return _forward(replace(cmd, prefill=[]), batch, drafts, ctx)
         _fail(batch, f"verify batch refused ({e})", ctx)
         return None
     except ShardError as e:
