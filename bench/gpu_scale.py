@@ -14,7 +14,8 @@ Parts:
   prefill counted, against tandem's engine doing the same.
 - burst: 64 requests arriving as a Poisson process (prompts of 256-1024 tokens, 128 tokens
   out): time to first token and the gaps between a stream's tokens, p50 and p99, with the
-  default chunked prefill and with whole-prompt prefills.
+  default mixed prefill (chunks of up to a row budget riding on the running verifies), with
+  prefill ticks of their own (chunks of 2048 and 512), and with whole-prompt prefills.
 - spec: a synthetic drafter whose drafts are the target's own future greedy tokens, each
   kept with probability alpha (0.6, 0.8), 4 drafts, at batch 1, 8, 32: tokens/s against no
   speculation, with the adaptive rule off and on.
@@ -149,9 +150,12 @@ def part_burst(group, loaded, rate: float) -> dict:
         arrivals.append(arrivals[-1] + rng.expovariate(rate))
     out, rows = {}, []
     # two rounds in turns, the second kept: the first pays one-off costs (kernels for new shapes)
-    modes = [("chunks of 2048 (default)", None), ("chunks of 512", 512), ("whole prompts", 1 << 30)]
-    for round_, (label, budget) in enumerate(modes * 2):
-        engine = engine_on(group, loaded, **({} if budget is None else {"max_prefill_tokens": budget}))
+    modes = [("mixed: chunks ride on verifies (default)", {}),
+             ("prefill ticks of 2048", {"mixed_prefill": False}),
+             ("prefill ticks of 512", {"mixed_prefill": False, "max_prefill_tokens": 512}),
+             ("whole prompts", {"mixed_prefill": False, "max_prefill_tokens": 1 << 30})]
+    for round_, (label, options) in enumerate(modes * 2):
+        engine = engine_on(group, loaded, **options)
         params = SamplingParams(max_tokens=128, ignore_eos=True)
         t0, sent, last, ttft, gaps, done = time.perf_counter(), 0, {}, [], [], 0
         while done < len(batch):
