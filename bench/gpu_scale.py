@@ -2,7 +2,7 @@
 built on the GPU), tandem's real Engine.step, against the HBM roofline and Hugging Face
 transformers (static cache + torch.compile) on the same weights, in one sitting.
 
-    python bench/gpu_scale.py [--parts verify,decode,hf,burst,spec] [--small] [--context 500]
+    python bench/gpu_scale.py [--parts verify,decode,hf,burst,spec,riders] [--small] [--context 500]
 
 Parts:
 - verify: one 8x5 verify command against eight 1x5 (ideal 0.125), and 5 rows a sequence
@@ -19,6 +19,8 @@ Parts:
 - spec: a synthetic drafter whose drafts are the target's own future greedy tokens, each
   kept with probability alpha (0.6, 0.8), 4 drafts, at batch 1, 8, 32: tokens/s against no
   speculation, with the adaptive rule off and on.
+- riders (not in the default parts): what prompt chunks riding on a verify cost
+  (gpu_scale_riders.py).
 Prints a table per part, then one JSON line.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from common import json_line, machine, print_table
 from gpu_scale_parts import (LLAMA_8B, SMALL, SyntheticDrafter, build_shard, copy_bandwidth, engine_on,
                              hf_decode_ms, random_model, weight_bytes)
+from gpu_scale_riders import part_riders
 
 TARGETS = {"tick_b1_over_roofline": 1.3, "tick_b64_over_roofline_kv": 1.5, "verify_8x5_over_8_1x5": 0.14,
            "rows5_over_rows1_n32": 1.1, "vs_hf_total_b1": 1.5, "vs_hf_total_b32": 1.5, "burst_itl_p99_over_p50": 3.0,
@@ -151,21 +154,25 @@ def part_burst(group, loaded, rate: float) -> dict:
     out, rows = {}, []
     # two rounds in turns, the second kept: the first pays one-off costs (kernels for new shapes)
     modes = [("mixed: chunks ride on verifies (default)", {}),
+             ("mixed, chunks of 256", {"max_prefill_tokens": 256}),
              ("prefill ticks of 2048", {"mixed_prefill": False}),
              ("prefill ticks of 512", {"mixed_prefill": False, "max_prefill_tokens": 512}),
              ("whole prompts", {"mixed_prefill": False, "max_prefill_tokens": 1 << 30})]
     for round_, (label, options) in enumerate(modes * 2):
         engine = engine_on(group, loaded, **options)
         params = SamplingParams(max_tokens=128, ignore_eos=True)
-        t0, sent, last, ttft, gaps, done = time.perf_counter(), 0, {}, [], [], 0
+        t0, sent, last, ttft, gaps, done, ticks = time.perf_counter(), 0, {}, [], [], 0, []
         while done < len(batch):
             now = time.perf_counter() - t0
             due = [Request(p, params, f"b{i}") for i, p in enumerate(batch) if sent <= i and arrivals[i] <= now]
             if due:
                 engine.add_requests(due)
                 sent += len(due)
+            t_step = time.perf_counter()
             outs = engine.step()
             t = time.perf_counter() - t0
+            if outs:
+                ticks.append(time.perf_counter() - t_step)
             for o in outs:
                 i = int(o.request_id[1:])
                 n = len(o.delta_token_ids)
@@ -183,10 +190,13 @@ def part_burst(group, loaded, rate: float) -> dict:
         q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1] * 1000.0  # noqa: E731
         r = {"ttft_p50_ms": q(ttft, 50), "ttft_p99_ms": q(ttft, 99), "itl_p50_ms": q(gaps, 50), "itl_p99_ms": q(gaps, 99)}
         r["itl_p99_over_p50"] = r["itl_p99_ms"] / r["itl_p50_ms"]
+        r["tick_p50_ms"], r["tick_p99_ms"] = q(ticks, 50), q(ticks, 99)
         out[label] = r
-        rows.append([label, r["ttft_p50_ms"], r["ttft_p99_ms"], r["itl_p50_ms"], r["itl_p99_ms"], r["itl_p99_over_p50"]])
+        rows.append([label, r["ttft_p50_ms"], r["ttft_p99_ms"], r["itl_p50_ms"], r["itl_p99_ms"], r["itl_p99_over_p50"],
+                     r["tick_p50_ms"], r["tick_p99_ms"]])
     out["burst_itl_p99_over_p50"] = out[modes[0][0]]["itl_p99_over_p50"]
-    print_table(["prefill", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "ITL p99 / p50"], rows,
+    print_table(["prefill", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "ITL p99 / p50", "tick p50 ms",
+                 "tick p99 ms"], rows,
                 title=f"Poisson burst: 64 requests at {rate}/s, prompts 256-1024 tokens, 128 out")
     return out
 
@@ -246,6 +256,7 @@ def main(argv=None) -> None:
         "decode": lambda: part_decode(group, loaded, args.context, roofline_ms, kv_per_token, bw),
         "hf": lambda: part_hf(group, loaded, args.context, args.steps),
         "burst": lambda: {"burst": part_burst(group, loaded, args.rate)},
+        "riders": lambda: part_riders(group, args.context, c.vocab_size, prompts),
         "spec": lambda: part_spec(group, loaded, args.context, args.steps),
     }
     for part in parts:  # in the order given; a part that fails is reported, the others still run

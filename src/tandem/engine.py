@@ -206,7 +206,10 @@ class Engine:
         sequence is ready to verify, and the last ride was not refused (its chunks then
         go in a prefill of their own, where a failure finishes only its own sequence)."""
         refused, self.prefills.ride_refused = self.prefills.ride_refused, False
-        if not self.config.mixed_prefill or refused:
+        mixed = self.config.mixed_prefill
+        if mixed is None:  # a riding forward runs eagerly: it pays only where every forward does
+            mixed = not self.group.limits.graphed
+        if not mixed or refused:
             return False
         return any(not s.finished and s.request_id not in self.scheduler.prefilling for s in self.scheduler.running)
 

@@ -4,6 +4,8 @@ verify forward (VerifyBatch.prefill). A burst arriving mid-stream must change no
 ride must leave the running batch unharmed."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tandem.errors import ShapeError
@@ -71,6 +73,16 @@ def test_a_burst_riding_on_running_verifies_changes_no_output(drafter, make_engi
 
 def test_with_mixed_prefill_off_no_chunk_rides_and_outputs_are_the_same(make_engine, want, monkeypatch):
     engine = make_engine("ngram", max_prefill_tokens=32, mixed_prefill=False)
+    spy = VerifySpy(engine.group, monkeypatch)
+    assert burst_midstream(engine, FIRST, BURST) == want
+    assert spy.verifies > 0 and spy.riders == 0
+
+
+def test_by_default_chunks_ride_only_where_the_target_runs_eagerly(make_engine, want, monkeypatch):
+    engine = make_engine("ngram", max_prefill_tokens=32)
+    assert engine.config.mixed_prefill is None and not engine.group.limits.graphed
+    # a rank replaying CUDA graphs: a riding forward would run eagerly, so chunks go apart
+    monkeypatch.setattr(engine.group, "limits", replace(engine.group.limits, graphed=True))
     spy = VerifySpy(engine.group, monkeypatch)
     assert burst_midstream(engine, FIRST, BURST) == want
     assert spy.verifies > 0 and spy.riders == 0

@@ -149,6 +149,7 @@ def encode_limits(x: ShardLimits) -> pb.ShardLimits:
         propose_batch_max=x.propose_batch_max,
         num_blocks=x.num_blocks,
         block_size=x.block_size,
+        graphed=x.graphed,
     )
 
 
@@ -163,6 +164,7 @@ def decode_limits(m: pb.ShardLimits) -> ShardLimits:
         propose_batch_max=m.propose_batch_max,
         num_blocks=m.num_blocks,
         block_size=m.block_size,
+        graphed=m.graphed,
     )
 
 

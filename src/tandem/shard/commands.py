@@ -199,6 +199,7 @@ class ShardLimits:
     propose_batch_max: int = 64
     num_blocks: int = 1  # the KV pool of every rank, in blocks of block_size positions
     block_size: int = 16
+    graphed: bool = False  # its forwards replay CUDA graphs; one with prompt chunks riding runs eagerly
 
     @property
     def max_blocks(self) -> int:

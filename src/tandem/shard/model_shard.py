@@ -77,6 +77,7 @@ class ModelShard:
             propose_batch_max=drafter.propose_batch_max if drafter else 64,
             num_blocks=cache.num_blocks,
             block_size=cache.block_size,
+            graphed=graphs is not None,
         )
         self.rules = ShapeRules.of(self.limits)
         self.lengths = [0] * num_slots  # slot -> positions of its KV committed

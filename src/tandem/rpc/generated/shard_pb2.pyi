@@ -66,7 +66,7 @@ class InitRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., collective_address: _Optional[str] = ..., collective_timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class ShardLimits(_message.Message):
-    __slots__ = ("num_slots", "max_model_len", "row_budget", "vocab_size", "world_size", "drafter", "propose_batch_max", "num_blocks", "block_size")
+    __slots__ = ("num_slots", "max_model_len", "row_budget", "vocab_size", "world_size", "drafter", "propose_batch_max", "num_blocks", "block_size", "graphed")
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     ROW_BUDGET_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class ShardLimits(_message.Message):
     PROPOSE_BATCH_MAX_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GRAPHED_FIELD_NUMBER: _ClassVar[int]
     num_slots: int
     max_model_len: int
     row_budget: int
@@ -85,7 +86,8 @@ class ShardLimits(_message.Message):
     propose_batch_max: int
     num_blocks: int
     block_size: int
-    def __init__(self, num_slots: _Optional[int] = ..., max_model_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., vocab_size: _Optional[int] = ..., world_size: _Optional[int] = ..., drafter: _Optional[str] = ..., propose_batch_max: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+    graphed: bool
+    def __init__(self, num_slots: _Optional[int] = ..., max_model_len: _Optional[int] = ..., row_budget: _Optional[int] = ..., vocab_size: _Optional[int] = ..., world_size: _Optional[int] = ..., drafter: _Optional[str] = ..., propose_batch_max: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., graphed: _Optional[bool] = ...) -> None: ...
 
 class DrafterInfo(_message.Message):
     __slots__ = ("kind", "source", "max_drafts")
