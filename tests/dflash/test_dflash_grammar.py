@@ -137,11 +137,19 @@ def test_masked_drafts_are_never_cut_where_unmasked_ones_are(default_model, dfla
     assert sum(o.num_accepted_tokens for o in masked) > sum(o.num_accepted_tokens for o in unmasked)
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_constrained_greedy_with_dflash_equals_no_speculation(batch, default_model, dflash_group, reference):
+@pytest.mark.parametrize("batch, graphs", [(1, False), (4, False), (4, True)])
+def test_constrained_greedy_with_dflash_equals_no_speculation(batch, graphs, default_model, dflash_group, reference,
+                                                              monkeypatch):
+    drafter = dflash_group.shard.drafter
+    ready = []
+    if graphs:  # the padded graph shapes (run eagerly on a CPU): the block forward is queued at commit
+        monkeypatch.setattr(drafter, "graphs", {})
+        take_ready = drafter._take_ready
+        monkeypatch.setattr(drafter, "_take_ready", lambda *a: ready.append(take_ready(*a)) or ready[-1])
     engine = make_engine(default_model, dflash_group, "dflash", batch)
     texts, params = mixed(engine)
     outs = engine.generate(texts, params)
+    assert not graphs or any(r is not None for r in ready), "no propose read a block queued at commit"
     for t, p, o, want in zip(texts, params, outs, reference):
         assert o.finish_reason in ("stop", "length"), o.error
         assert o.token_ids == want, f"b{batch} diverged on {t[-40:]!r} ({p.structured})"
