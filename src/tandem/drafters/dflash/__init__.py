@@ -67,8 +67,10 @@ def build_dflash_drafter(spec, target, *, device, dtype, num_blocks: int) -> DFl
                     folder, trained_for, target.name)
     from tandem.grammar.draft_matchers import DraftMatchers
 
-    # constrained sequences draft under their grammar, with the target's tokenizer (the scheduler's)
-    matchers = DraftMatchers(target.tokenizer, target.config.vocab_size, target.eos_token_ids)
+    # constrained sequences draft under their grammar, with the target's tokenizer (the
+    # scheduler's); a target without one takes no grammars
+    matchers = (DraftMatchers(target.tokenizer, target.config.vocab_size, target.eos_token_ids)
+                if target.tokenizer is not None else None)
     # its context lies in blocks of the target's pool's layout (num_blocks of the rank's pool)
     drafter = DFlashDrafter(model, target.model, num_slots=spec.num_slots, num_blocks=num_blocks,
                             block_size=spec.block_size, max_seq_len=spec.max_model_len,
