@@ -88,7 +88,7 @@ def write_checkpoint(folder, config: dict, tensors: dict) -> str:
 
 
 def fake_loaded(target, name="tiny"):
-    return types.SimpleNamespace(model=target, name=name, config=TARGET)
+    return types.SimpleNamespace(model=target, name=name, config=TARGET, tokenizer=None, eos_token_ids=())
 
 
 @pytest.mark.parametrize("prefix", ["", "model."])

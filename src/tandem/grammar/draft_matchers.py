@@ -3,15 +3,15 @@ with the grammar's state after the drafts before it, so it proposes only what th
 takes (an unmasked draft the grammar refuses is cut by the scheduler, and the drafts after
 it with it).
 
-The draft model runs on rank 0 and the scheduler's matchers stay on the scheduler (one
-round trip a draft step would cost more than the step), so rank 0 keeps a matcher of its
-own for each constrained slot, built from the DraftGrammar the propose carries and
-advanced by the slot's committed tokens, which the rank holds already. It is only ever a
-guide: the scheduler walks the drafts with its own matcher before the verify (cutting any
-the grammar refuses) and masks the target's rows itself, and the accept rule is exact for
-any q the drafts were drawn from. A sequence whose matcher cannot be had (a grammar that
-fails to compile here, a committed token it refuses) drafts unmasked in the same forward:
-its drafts are cut as before.
+The model drafters (the draft model, DFlash) run on rank 0 and the scheduler's matchers
+stay on the scheduler (one round trip a draft step would cost more than the step), so
+rank 0 keeps a matcher of its own for each constrained slot, built from the DraftGrammar
+the propose carries and advanced by the slot's committed tokens, which the rank holds
+already. It is only ever a guide: the scheduler walks the drafts with its own matcher
+before the verify (cutting any the grammar refuses) and masks the target's rows itself,
+and the accept rule is exact for any q the drafts were drawn from. A sequence whose
+matcher cannot be had (a grammar that fails to compile here, a committed token it
+refuses) drafts unmasked beside the others: the verify cuts what the grammar refuses.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 model.py       the draft model (config in the z-lab layout, layers, context projection)
 checkpoint.py  load / save checkpoint folders; the weights shipped for the default model
 drafter.py     the rank-side drafter: context cache per slot, batched block propose
+masked_picks.py  a constrained sequence's drafts picked under its grammar from its block's logits
 """
 from __future__ import annotations
 
@@ -64,9 +65,15 @@ def build_dflash_drafter(spec, target, *, device, dtype, num_blocks: int) -> DFl
     if trained_for and trained_for != target.name:
         log.warning("DFlash checkpoint %s was trained for %r, the target is %r: expect few accepted drafts",
                     folder, trained_for, target.name)
+    from tandem.grammar.draft_matchers import DraftMatchers
+
+    # constrained sequences draft under their grammar, with the target's tokenizer (the
+    # scheduler's); a target without one takes no grammars
+    matchers = (DraftMatchers(target.tokenizer, target.config.vocab_size, target.eos_token_ids)
+                if target.tokenizer is not None else None)
     # its context lies in blocks of the target's pool's layout (num_blocks of the rank's pool)
     drafter = DFlashDrafter(model, target.model, num_slots=spec.num_slots, num_blocks=num_blocks,
                             block_size=spec.block_size, max_seq_len=spec.max_model_len,
-                            cuda_graphs=None if spec.dflash_cuda_graphs else False)
+                            cuda_graphs=None if spec.dflash_cuda_graphs else False, matchers=matchers)
     drafter.checkpoint = os.path.abspath(folder)  # what the shard reports it loaded
     return drafter

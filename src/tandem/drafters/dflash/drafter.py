@@ -22,6 +22,11 @@ released, so a shared block never lacks them:
 The drafter never writes a draft's row anywhere: only target rows of kept tokens enter
 its context, so a rejection needs no rewind beyond the commit's trim.
 
+A constrained sequence drafts under its grammar: its block's logits are masked position by
+position with the state its drafts so far reached (masked_picks.py; rank 0's matchers,
+tandem.grammar.draft_matchers), so the verify's grammar walk has nothing to cut. The rest
+of the batch keeps the block's batched picks.
+
 On a GPU a propose is launch-bound (a few hundred small kernels for one block), so the
 block forward and the flush replay CUDA graphs captured per shape bucket (below): on an
 H200 a batch-1 propose went from ~35 ms eager to ~1 ms. With graphs, both are queued
@@ -38,12 +43,14 @@ import os
 
 import torch
 
+from tandem.drafters.dflash.masked_picks import masked_picks
 from tandem.drafters.dflash.model import DFlashDraftModel
+from tandem.grammar.draft_matchers import DraftMatchers
 from tandem.model.cuda_graph import CapturedGraph, next_pow2
 from tandem.model.quant import linear_weight
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
-from tandem.shard.commands import SamplingSpec
+from tandem.shard.commands import DraftGrammar, SamplingSpec
 
 
 # On a CUDA device the block forward and the flush of small commits replay CUDA graphs
@@ -62,7 +69,8 @@ class DFlashDrafter:
     checkpoint: str | None = None  # the folder its weights came from (build_dflash_drafter sets it)
 
     def __init__(self, model: DFlashDraftModel, target: torch.nn.Module, *, num_slots: int, num_blocks: int,
-                 block_size: int, max_seq_len: int, propose_batch_max: int = 64, cuda_graphs: bool | None = None):
+                 block_size: int, max_seq_len: int, propose_batch_max: int = 64, cuda_graphs: bool | None = None,
+                 matchers: DraftMatchers | None = None):
         c = model.config
         tc = target.config
         if c.hidden_size != tc.hidden_size:
@@ -79,6 +87,7 @@ class DFlashDrafter:
         self.capture_layers = tuple(c.target_layer_ids)
         self.block_size = c.block_size
         self.propose_batch_max = propose_batch_max
+        self.matchers = matchers  # None: constrained sequences draft unmasked (the verify cuts them)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.num_slots, self.max_seq_len = num_slots, max_seq_len
@@ -168,6 +177,8 @@ class DFlashDrafter:
             self.length[slot] = 0
             self.pending.pop(slot, None)
             self.tables.pop(slot, None)
+            if self.matchers is not None:
+                self.matchers.release(slot)
 
     @torch.inference_mode()
     def propose(
@@ -177,7 +188,7 @@ class DFlashDrafter:
         last_tokens: list[int],
         num_drafts: list[int],
         sampling: list[SamplingSpec],
-        grammars=None,  # not drafted under: a block's picks are made at once; the verify cuts them
+        grammars: list[DraftGrammar | None] | None = None,
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         n = len(slots)
         if n == 0:
@@ -193,9 +204,19 @@ class DFlashDrafter:
         logits, picks = ready if ready is not None else self._block(slots, starts, last_tokens)  # [n, B-1, V'], [n, B-1]
         drafts = (picks if self.draft_vocab is None else self.draft_vocab[picks]).tolist()
         q_out: list[torch.Tensor | None] = [None] * n
+        walks = self._walks(slots, histories, last_tokens, num_drafts, grammars)
+        try:
+            for i, walk in enumerate(walks):
+                if walk is not None:
+                    drafts[i], q_out[i] = masked_picks(logits[i], walk, min(num_drafts[i], B - 1), sampling[i],
+                                                       len(histories[i]) + 1, self.draft_vocab, self.model.config.vocab_size)
+        finally:
+            for walk in walks:
+                if walk is not None:
+                    walk.finish()
         for i, spec in enumerate(sampling):
             g = min(num_drafts[i], B - 1)
-            if not spec.greedy and g > 0:
+            if not spec.greedy and g > 0 and walks[i] is None:
                 q = filtered_probs(logits[i, :g], spec.temperature, spec.top_p, spec.top_k, spec.min_p)  # [g, V']
                 keys = [row_key(spec.seed, len(histories[i]) + 1 + j, STREAM_DRAFT) for j in range(g)]
                 picked = sample_rows(q, keys)
@@ -205,6 +226,14 @@ class DFlashDrafter:
                 drafts[i] = picked.tolist()
                 q_out[i] = q
         return [d[: max(0, min(g, B - 1))] for d, g in zip(drafts, num_drafts)], q_out
+
+    def _walks(self, slots, histories, last_tokens, num_drafts, grammars):
+        """A grammar walk for each constrained sequence that drafts and whose matcher could
+        be had; None for the others (they keep the block's batched picks)."""
+        if self.matchers is None or not grammars:
+            return [None] * len(slots)
+        wanted = [gr if g > 0 else None for gr, g in zip(grammars, num_drafts)]
+        return self.matchers.walks(slots, histories, last_tokens, wanted)
 
     def _take_ready(self, slots: list[int], starts: list[int], last_tokens: list[int]):
         """The block forward launched at commit, when it covers these slots at these
