@@ -37,6 +37,14 @@ def default_model():
 
 
 @pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory) -> str:
+    """A folder of a tiny random-weight model with the default model's tokenizer (tiny_chat_model.py)."""
+    from tiny_chat_model import make_tiny_chat_model
+
+    return make_tiny_chat_model(str(tmp_path_factory.mktemp("tiny-chat")))
+
+
+@pytest.fixture(scope="session")
 def block4(tmp_path_factory) -> str:
     """A tiny DFlash checkpoint folder with block_size 4 (3 drafts a block)."""
     from tandem.drafters.dflash import DFlashConfig, DFlashDraftModel, save_dflash_checkpoint

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 TP2_ENGINE_NAME = "tandem-test-tp2"
+TINY_ENGINE_NAME = "tandem-test-tiny"
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,18 @@ def tp2(ray_cluster):
         rpc_deadline_s=6.0,
         name=TP2_ENGINE_NAME,
     )
+    yield handle
+    handle.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny(ray_cluster, tiny_chat_model):
+    """An engine of one shard actor on the tiny random-weight model: the handle API's
+    plumbing (streams, sockets, multiplexing) without the real model's compute."""
+    import tandem.actors as ta
+
+    handle = ta.start(model=tiny_chat_model, max_num_seqs=8, max_model_len=1024, rpc_deadline_s=6.0,
+                      name=TINY_ENGINE_NAME)
     yield handle
     handle.shutdown()
 

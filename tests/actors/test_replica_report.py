@@ -11,14 +11,16 @@ from polling import until
 from tandem.actors.prefix_keys import prefix_keys
 from tandem.errors import EngineUnavailableError
 
+TOKENS = 240  # the tiny model writes fast: enough that the stream still runs when the drain starts
 LONG = "The library opens at nine and closes at five; members borrow six books. " * 6 + "Count: 1, 2, 3,"
 
 
 @pytest.fixture(scope="module")
-def engine(ray_cluster):
+def engine(ray_cluster, tiny_chat_model):
+    """The tiny random-weight model: reports count tokens, whatever the model writes."""
     import tandem.actors as ta
 
-    handle = ta.start(model="smollm2", max_num_seqs=4, max_model_len=512)
+    handle = ta.start(model=tiny_chat_model, max_num_seqs=4, max_model_len=512)
     yield handle
     handle.shutdown()
 
@@ -28,7 +30,7 @@ def test_reports_load_and_prefixes_and_a_drain_finishes_what_it_holds(engine):
         reports: list[dict] = []
         handle = engine.multiplexed(on_report=reports.append)
         idle = await handle.areport()
-        outs = handle.astream(LONG, max_tokens=48, temperature=0.0, ignore_eos=True)
+        outs = handle.astream(LONG, max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
         first = await outs.__anext__()
         await until(lambda: any(r["load_tokens"] > 0 for r in reports), 60, "a report of the running stream")
         held = await handle.areport()
@@ -46,5 +48,5 @@ def test_reports_load_and_prefixes_and_a_drain_finishes_what_it_holds(engine):
     running = [r for r in reports if r["running"] == 1]
     assert running and all(r["load_tokens"] > len(LONG) // 8 for r in running)  # the prompt's tokens and more
     assert set(prefix_keys(LONG)) <= held["prefixes"] and len(prefix_keys(LONG)) == 1
-    assert last.finished and last.finish_reason == "length" and len(last.token_ids) == 48  # drained, not cut
+    assert last.finished and last.finish_reason == "length" and len(last.token_ids) == TOKENS  # drained, not cut
     assert left == 0 and not reports[-1]["available"]

@@ -1,8 +1,10 @@
 """Run by test_actor_loss.py in a process of its own (its own local Ray cluster): serve
-with N ingress replicas, kill one of the app's actors, and print as JSON what clients saw.
+with N ingress replicas, kill the app's actors in turn (each case once the app is whole
+again), and print as JSON what clients saw in each case.
 
-    python tests/serve/lose_actor.py engine N    # the engine's scheduler actor
-    python tests/serve/lose_actor.py ingress N   # one ingress replica, mid-stream
+    python tests/serve/lose_actor.py engine,ingress N
+      engine:  the engine's scheduler actor
+      ingress: one ingress replica, mid-stream
 """
 from __future__ import annotations
 
@@ -181,9 +183,11 @@ def lose_ingress(base: str, replicas: int) -> dict:
 
 
 if __name__ == "__main__":
-    what, n = sys.argv[1], int(sys.argv[2])
+    cases, n = sys.argv[1].split(","), int(sys.argv[2])
     base = f"http://127.0.0.1:{serve_app(n)}"
-    result = {"engine": lose_engine, "ingress": lose_ingress}[what](base, n)
+    # one app for every case (a cluster and an app take most of a case's time); each case
+    # ends with the app RUNNING and serving on every replica, so the next starts whole
+    result = {what: {"engine": lose_engine, "ingress": lose_ingress}[what](base, n) for what in cases}
     print("RESULT " + json.dumps(result), flush=True)
     import ray
 

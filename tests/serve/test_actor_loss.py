@@ -1,5 +1,6 @@
-"""A served app (two ingress replicas behind HAProxy) that loses one of its actors, each
-case on its own Ray cluster in a process of its own (lose_actor.py):
+"""A served app (two ingress replicas behind HAProxy) that loses one of its actors, on its
+own Ray cluster in a process of its own (lose_actor.py, run once for the module), the
+cases in turn, each once the app is whole again:
 - its engine (the scheduler actor): Serve replaces the engine replica, the ingress
   replicas (still up) take the new engine, and meanwhile clients get 503 with
   Retry-After in an OpenAI error body, not a hang or a bare 500;
@@ -14,15 +15,17 @@ import pytest
 from .script_result import script_result
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "lose_actor.py")
+pytestmark = pytest.mark.slow
 
 
-def _lose(what: str, replicas: int = 2) -> dict:
-    return script_result([SCRIPT, what, str(replicas)], timeout_s=600)
+@pytest.fixture(scope="module")
+def lost() -> dict:
+    """What clients saw in each case: {"engine": ..., "ingress": ...}."""
+    return script_result([SCRIPT, "engine,ingress", "2"], timeout_s=900)
 
 
-@pytest.mark.slow
-def test_a_lost_engine_is_replaced_and_clients_get_503_meanwhile():
-    result = _lose("engine")
+def test_a_lost_engine_is_replaced_and_clients_get_503_meanwhile(lost):
+    result = lost["engine"]
     assert result["back_s"] < 240, result
     assert result["outage"], result  # the requests right after the kill found no engine
     # each an OpenAI error body from tandem's ingress (not HAProxy's or Serve's proxy's own
@@ -34,9 +37,8 @@ def test_a_lost_engine_is_replaced_and_clients_get_503_meanwhile():
     assert result["after"] == [[200, result["before"]]] * len(result["after"]), result
 
 
-@pytest.mark.slow
-def test_a_lost_ingress_replica_ends_its_own_stream_only():
-    result = _lose("ingress")
+def test_a_lost_ingress_replica_ends_its_own_stream_only(lost):
+    result = lost["ingress"]
     assert len(result["ports"]) == 2, result  # a stream straight from each replica
     lost, kept = sorted(result["streams"], key=lambda x: x["error"] is None)
     assert lost["error"] is not None and lost["ended_s"] < 10 and lost["text"] != result["alone"], result
