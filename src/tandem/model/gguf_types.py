@@ -1,7 +1,7 @@
 """Which GGUF tensor types tandem loads, checked before the (slow) dequantization.
 
-A GGUF is dequantized once to float32 (then quantized again at load to the layout of the
-kernel the rank runs: model.quant). Supported are the plain float types and the legacy
+A GGUF is dequantized once to float32 (then quantized again to the layout of the kernel
+the rank runs, on the CPU once per key: model.quant.packed_cache). Supported are the plain float types and the legacy
 and k-quant block types, whose dequantization gguf-py implements and tandem's tests
 cover; the i-quants, ternary and other types are refused by name."""
 from __future__ import annotations

@@ -132,12 +132,24 @@ def _load_folder(folder: str, name: str, dtype: torch.dtype, device) -> LoadedMo
             # Cast one tensor at a time: the float32 cache is never all in memory beside its bf16 copy.
             state.update((key, f.get_tensor(key).to(device=device, dtype=dtype)) for key in f.keys())
     model = LlamaForCausalLM.from_state_dict(config, state, dtype=dtype, device=device)
+    model.weights_source = weights_source(folder)  # what quant.packed_cache keys a model's kernels by
     tokenizer = _load_tokenizer(folder)
     return LoadedModel(
         model=model, config=config, hf_config=hf_config, tokenizer=tokenizer,
         eos_token_ids=_eos_token_ids(folder, hf_config, tokenizer), name=name,
         chat_template=getattr(tokenizer, "chat_template", None), path=folder,
     )
+
+
+SOURCE_FILES = ("*.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def weights_source(folder: str) -> dict:
+    """The identity of a model folder's weights: its real path, and the name, size and mtime
+    of each file a load reads (a GGUF's cache folder is named by the GGUF's sha256)."""
+    files = sorted({path for pattern in SOURCE_FILES for path in glob.glob(os.path.join(folder, pattern))})
+    stats = [(os.path.basename(path), os.stat(path)) for path in files]
+    return {"folder": os.path.realpath(folder), "files": [[name, st.st_size, st.st_mtime_ns] for name, st in stats]}
 
 
 SOURCE_FILE = "gguf_source.json"  # written into a GGUF's cache folder: the file's tensor types

@@ -13,6 +13,8 @@ The model code is untouched; its attention reads the local head counts from the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,6 +39,18 @@ def kv_heads_for_rank(num_kv_heads: int, rank: int, world_size: int) -> range:
     return split_range(num_kv_heads, rank, world_size)
 
 
+@dataclass(frozen=True)
+class TensorParallelShare:
+    """Which share of the model a rank holds (read by quant.packed_cache), and its group."""
+
+    rank: int
+    world_size: int
+    group: object = None
+
+    def __deepcopy__(self, memo):
+        return self  # immutable, and a process group cannot be copied
+
+
 def shard_model(model: LlamaForCausalLM, rank: int, world_size: int, group=None) -> LlamaForCausalLM:
     """Narrow `model` in place to this rank's share; every rank must run every forward."""
     if world_size == 1:
@@ -57,6 +71,7 @@ def shard_model(model: LlamaForCausalLM, rank: int, world_size: int, group=None)
             _keep_output_rows(linear, columns)
         _keep_input_columns(attn.o_proj, q_rows, rank, group)
         _keep_input_columns(mlp.down_proj, columns, rank, group)
+    model.tensor_parallel_share = TensorParallelShare(rank, world_size, group)
     if model.lm_head.weight.is_cuda:
         share_fused_storage(model)  # the narrowed q/k/v and gate/up as one GEMM each again
     return model

@@ -60,3 +60,19 @@ class Int4CpuKernel:
         sz = self.scales_and_zeros.float().transpose(0, 1)  # [N, K/g, 2]
         q = self.q.float().view(self.out_features, -1, GROUP)
         return ((q - 8) * sz[..., :1] + sz[..., 1:]).view(self.out_features, self.in_features)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The tensors from_state rebuilds this kernel from, bit for bit (quant.packed_cache)."""
+        state = {"shape": torch.tensor([self.out_features, self.in_features]), "packed": self.packed,
+                 "scales_and_zeros": self.scales_and_zeros}
+        state.update((name, t) for name, t in (("bias", self.bias), ("q", self.q)) if t is not None)
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> "Int4CpuKernel":
+        kernel = cls.__new__(cls)
+        kernel.out_features, kernel.in_features = (int(v) for v in state["shape"])
+        kernel.packed, kernel.scales_and_zeros = state["packed"], state["scales_and_zeros"]
+        kernel.bias, kernel.q = state.get("bias"), state.get("q")
+        kernel.nbytes = kernel.packed.numel() * kernel.packed.element_size() + kernel.scales_and_zeros.numel() * 2
+        return kernel

@@ -56,10 +56,14 @@ class Int8CpuKernel:
             w = w * smooth
             self.inv_smooth = (1 / smooth).contiguous()
         q, scale = quantize_rows(w, weight_max())
-        self.scale = scale.view(-1).contiguous()  # [N]
+        self._set(q, scale.view(-1).contiguous(), None if bias is None else bias.detach().float().contiguous(),
+                  keep_weight)
+
+    def _set(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, keep_weight: bool) -> None:
+        self.scale = scale  # [N]
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
         self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.bias = bias
         self.q = q if keep_weight else None  # for dequantize(): the tied embedding's rows, DFlash's head
         self.nbytes = q.numel() + self.scale.numel() * 4
 
@@ -83,3 +87,23 @@ class Int8CpuKernel:
             raise RuntimeError("this int8 layer keeps only its packed weight")
         w = self.q.float() * self.scale[:, None]
         return w * self.inv_smooth if self.inv_smooth is not None else w
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The tensors from_state rebuilds this kernel from, bit for bit (quant.packed_cache).
+        The pack is an opaque oneDNN tensor: its int8 weight is read back from it ([K, N])."""
+        q = self.q if self.q is not None else self.packed.to_dense().t().contiguous()
+        if q.shape != (self.out_features, self.in_features):
+            raise ValueError(f"the packed int8 weight reads back as {tuple(q.shape)}, not "
+                             f"{(self.out_features, self.in_features)}")
+        state = {"q": q, "scale": self.scale, "keep_weight": torch.tensor(self.q is not None)}
+        state.update((name, t) for name, t in (("bias", self.bias), ("inv_smooth", self.inv_smooth)) if t is not None)
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> "Int8CpuKernel":
+        kernel = cls.__new__(cls)
+        q = state["q"]
+        kernel.out_features, kernel.in_features = q.shape
+        kernel.inv_smooth = state.get("inv_smooth")
+        kernel._set(q, state["scale"], state.get("bias"), bool(state["keep_weight"]))
+        return kernel

@@ -10,6 +10,7 @@ holds only the quantized copy (the embedding's float rows are read a token at a 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -62,33 +63,61 @@ def _bias_of(layers) -> torch.Tensor | None:
                       for b, layer in zip(biases, layers)])
 
 
-def quantize_model(model, make_kernel, input_absmax: dict[str, torch.Tensor] | None = None) -> int:
-    """Swap every linear layer of `model` (decoder layers and the LM head) for a QuantizedLinear
-    built by `make_kernel(weight, bias, keep_weight, input_absmax)` (input_absmax: the layer's
-    calibrated max |input| per channel, or None); returns the quantized bytes."""
-    amax = input_absmax or {}
-    total = 0
+@dataclass(frozen=True)
+class Site:
+    """One quantized kernel's place in the model: a linear layer, or the layers a FusedLinears
+    runs as one (q/k/v, gate/up). Keyed as calibrate.input_absmax keys its inputs."""
+
+    key: str
+    layers: tuple[nn.Linear, ...]
+    fused: FusedLinears | None = None
+    keep_weight: bool = False  # the LM head: kept whole, DFlash reads its rows
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(layer.out_features for layer in self.layers), self.layers[0].in_features
+
+    @property
+    def has_bias(self) -> bool:
+        return any(layer.bias is not None for layer in self.layers)
+
+    def weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.fused is None:
+            return self.layers[0].weight, self.layers[0].bias
+        return torch.cat([layer.weight.detach() for layer in self.layers]), _bias_of(self.layers)
+
+
+def linear_sites(model) -> list[Site]:
+    """Every kernel site of `model` (decoder layers, then the LM head), in a fixed order."""
+    sites = []
     for i, layer in enumerate(model.model.layers):
         for key, fused in (("qkv", layer.self_attn.qkv), ("gate_up", layer.mlp.gate_up)):
-            total += _quantize_fused(fused, make_kernel, amax.get(f"{i}.{key}"))
+            sites.append(Site(f"{i}.{key}", tuple(fused.layers), fused))
         for key, linear in (("o", layer.self_attn.o_proj), ("down", layer.mlp.down_proj)):
-            kernel = make_kernel(linear.weight, linear.bias, False, amax.get(f"{i}.{key}"))
-            _to_quantized(linear, kernel)
-            total += kernel.nbytes
-    head = model.lm_head
-    kernel = make_kernel(head.weight, head.bias, True, amax.get("head"))  # kept whole: DFlash reads its rows
-    _to_quantized(head, kernel)
-    return total + kernel.nbytes
+            sites.append(Site(f"{i}.{key}", (linear,)))
+    sites.append(Site("head", (model.lm_head,), keep_weight=True))
+    return sites
 
 
-def _quantize_fused(fused: FusedLinears, make_kernel, input_absmax) -> int:
-    layers = fused.layers
-    weight = torch.cat([layer.weight.detach() for layer in layers])
-    kernel = make_kernel(weight, _bias_of(layers), False, input_absmax)
-    del weight
+def quantize_model(model, make_kernel: Callable[[Site], Kernel], sites: list[Site] | None = None) -> dict[str, Kernel]:
+    """Swap every linear layer of `model` for a QuantizedLinear whose kernel is
+    `make_kernel(site)`, one site at a time (each float weight is dropped as its kernel takes
+    its place); returns {site key: kernel}."""
+    kernels = {}
+    for site in sites if sites is not None else linear_sites(model):
+        kernel = make_kernel(site)
+        _install(site, kernel)
+        kernels[site.key] = kernel
+    return kernels
+
+
+def _install(site: Site, kernel) -> None:
+    if site.fused is None:
+        _to_quantized(site.layers[0], kernel)
+        return
+    fused = site.fused
     fused.quantized = kernel
-    fused._sizes = [layer.out_features for layer in layers]
-    for layer in layers:
+    fused._sizes = [layer.out_features for layer in site.layers]
+    for layer in site.layers:
         _to_quantized(layer, None)
     fused._shared = None  # a GPU model's end-to-end weight tensor: no longer read
-    return kernel.nbytes
