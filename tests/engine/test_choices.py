@@ -27,7 +27,7 @@ def test_choices_are_named_and_seeded_prompt_major():
 
 def test_n_seeded_choices_are_admitted_together_and_equal_each_alone(make_engine):
     engine = make_engine("ngram", num_speculative_tokens=3)
-    params = SamplingParams(max_tokens=6, temperature=1.0, seed=99)
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=99)
     requests = choice_requests(["Once upon a time"], params, 3, "story")
     engine.add_requests(requests)
     engine.step()
@@ -38,7 +38,7 @@ def test_n_seeded_choices_are_admitted_together_and_equal_each_alone(make_engine
         engine.step()
     together = engine.generate("Once upon a time", params, n=3)
     alone = engine.generate(["Once upon a time"] * 3,
-                            [SamplingParams(max_tokens=6, temperature=1.0, seed=99 + j) for j in range(3)])
+                            [SamplingParams(max_tokens=4, temperature=1.0, seed=99 + j) for j in range(3)])
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert len({tuple(o.token_ids) for o in together}) == 3
 
@@ -66,9 +66,9 @@ def test_n_choices_of_a_long_prompt_prefill_its_blocks_once(make_engine):
     cached = (len(ids) - 1) // bs * bs
     assert cached >= 2 * bs
     hits, queries = engine.scheduler.kv.prefix_hits, engine.scheduler.kv.prefix_queries
-    greedy = engine.generate(prompt, SamplingParams(max_tokens=6), n=4)
+    greedy = engine.generate(prompt, SamplingParams(max_tokens=3), n=4)
     assert engine.scheduler.kv.prefix_hits - hits == 3 * cached  # the first prefilled them, the others shared
     assert engine.scheduler.kv.prefix_queries - queries == 4 * len(ids)
     assert len({tuple(o.token_ids) for o in greedy}) == 1
     plain = make_engine("ngram", enable_prefix_caching=False)
-    assert [o.token_ids for o in greedy] == [o.token_ids for o in plain.generate(prompt, SamplingParams(max_tokens=6), n=4)]
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in plain.generate(prompt, SamplingParams(max_tokens=3), n=4)]

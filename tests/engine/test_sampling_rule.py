@@ -16,21 +16,23 @@ VOCAB = 6
 
 def _first_token_distribution(p_logits, q_probs, draws, one_hot_draft=None):
     """Run the full rule (rank picks + scheduler walk) for one draft position `draws`
-    times with different seeds; return the frequency of the first emitted token."""
+    times with different seeds; return the frequency of the first emitted token. The
+    draws go through one pick_rows call, one sequence each (sequences are independent)."""
+    if one_hot_draft is None:
+        drafts = [int(torch.multinomial(q_probs, 1, generator=torch.Generator().manual_seed(10_000 + seed)))
+                  for seed in range(draws)]
+        qs = [q_probs[None]] * draws
+    else:
+        drafts, qs = [one_hot_draft] * draws, [None] * draws
+    logits = torch.stack([p_logits, p_logits])[None].repeat(draws, 1, 1)  # row 0 decides, row 1 is the bonus
+    rows = torch.tensor([[0, d] for d in drafts])
+    specs = [SamplingSpec(temperature=1.0, seed=seed) for seed in range(draws)]
+    picks, accept = pick_rows(logits, rows, [5] * draws, specs, qs)
     counts = np.zeros(VOCAB)
-    logits = torch.stack([p_logits, p_logits])[None]  # [1, 2, V]: row 0 decides, row 1 is the bonus
-    for seed in range(draws):
-        spec = SamplingSpec(temperature=1.0, seed=seed)
-        if one_hot_draft is None:
-            gen = torch.Generator().manual_seed(10_000 + seed)
-            d = int(torch.multinomial(q_probs, 1, generator=gen))
-            q = q_probs[None]
-        else:
-            d, q = one_hot_draft, None
-        rows = torch.tensor([[0, d]])
-        picks, accept = pick_rows(logits, rows, [5], [spec], [q])
-        a = accepted_sampled([d], picks, accept, seed=seed, start_pos=5)
-        counts[d if a == 1 else picks[0]] += 1
+    for seed, d in enumerate(drafts):
+        mine = slice(2 * seed, 2 * seed + 2)
+        a = accepted_sampled([d], picks[mine], accept[mine], seed=seed, start_pos=5)
+        counts[d if a == 1 else picks[2 * seed]] += 1
     return counts / draws
 
 

@@ -32,20 +32,28 @@ def processed(base: torch.Tensor, context: list[int]) -> np.ndarray:
 def test_the_first_two_tokens_keep_the_processed_target_distribution():
     base = torch.tensor([1.0, 1.5, 0.2, -0.5])
     q = torch.tensor([0.1, 0.4, 0.3, 0.2])
-    logits = base.expand(1, 3, VOCAB)  # one sequence, rows: last token, two drafts
     history = PROMPT + OUTPUT
     draws, counts = 2500, np.zeros((VOCAB, VOCAB))
-    for seed in range(draws):
-        spec = SamplingSpec(temperature=1.0, seed=seed, rules=RULES)
-        gen = torch.Generator().manual_seed(10_000 + seed)
-        d = torch.multinomial(q, 2, replacement=True, generator=gen).tolist()
-        picks, accept = pick_rows(logits, torch.tensor([[LAST, *d]]), [5], [spec], [q.expand(2, VOCAB)], [history])
-        a = accepted_sampled(d, picks, accept, seed=seed, start_pos=5)
-        emitted = [*d[:a], picks[a]]
-        if len(emitted) == 1:  # the next verify decides the second token, after the first
-            more, _ = pick_rows(base.expand(1, 1, VOCAB), torch.tensor([emitted]), [6], [spec], [None], [history + [LAST]])
-            emitted.append(more[0])
-        counts[emitted[0], emitted[1]] += 1
+    # every draw is one sequence of a single pick_rows call (sequences are independent)
+    specs = [SamplingSpec(temperature=1.0, seed=seed, rules=RULES) for seed in range(draws)]
+    drafts = [torch.multinomial(q, 2, replacement=True, generator=torch.Generator().manual_seed(10_000 + seed)).tolist()
+              for seed in range(draws)]
+    logits = base.expand(draws, 3, VOCAB)  # rows: last token, two drafts
+    picks, accept = pick_rows(logits, torch.tensor([[LAST, *d] for d in drafts]), [5] * draws, specs,
+                              [q.expand(2, VOCAB)] * draws, [history] * draws)
+    emitted = []
+    for seed, d in enumerate(drafts):
+        mine = slice(3 * seed, 3 * seed + 3)
+        a = accepted_sampled(d, picks[mine], accept[mine], seed=seed, start_pos=5)
+        emitted.append([*d[:a], picks[3 * seed + a]])
+    # one token out: the next verify decides the second token, after the first
+    short = [i for i, e in enumerate(emitted) if len(e) == 1]
+    more, _ = pick_rows(base.expand(len(short), 1, VOCAB), torch.tensor([emitted[i] for i in short]), [6] * len(short),
+                        [specs[i] for i in short], [None] * len(short), [history + [LAST]] * len(short))
+    for i, token in zip(short, more):
+        emitted[i].append(token)
+    for e in emitted:
+        counts[e[0], e[1]] += 1
     context = history + [LAST]
     p0 = processed(base, context)
     want = np.stack([p0[t] * processed(base, context + [t]) for t in range(VOCAB)])  # [first, second]

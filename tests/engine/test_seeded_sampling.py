@@ -7,11 +7,13 @@ from .prompts import PROMPTS
 
 
 def test_a_seeded_request_repeats_alone_and_in_a_batch(make_engine):
-    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=1234)
+    params = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.95, seed=1234)
+    other_seed = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.95, seed=99)
     engine = make_engine("ngram")
     alone = engine.generate([PROMPTS[1]], params)[0].token_ids
-    again = engine.generate([PROMPTS[1]], params)[0].token_ids
-    mixed = engine.generate([PROMPTS[1], PROMPTS[0], PROMPTS[2]], [params, SamplingParams(max_tokens=20), SamplingParams(max_tokens=20, temperature=1.0, seed=5)])
-    assert alone == again == mixed[0].token_ids
-    other_seed = engine.generate([PROMPTS[1]], SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=99))[0].token_ids
-    assert other_seed != alone
+    # the same request again, among a greedy one, another seed's, and itself under another seed
+    mixed = engine.generate([PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[1]],
+                            [params, SamplingParams(max_tokens=12), SamplingParams(max_tokens=12, temperature=1.0, seed=5),
+                             other_seed])
+    assert alone == mixed[0].token_ids
+    assert mixed[3].token_ids != alone

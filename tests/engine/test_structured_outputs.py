@@ -20,7 +20,7 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}}}
 CONSTRAINTS = [G.json_schema(PERSON), G("regex", r"[0-9]{1,3}(, [0-9]{1,3}){2,6}"), G.choice(["red", "green", "blue"]),
                G("json_object")]
-MAX_TOKENS = 24
+MAX_TOKENS = 16  # long enough for drafts to be proposed, accepted and rejected under each grammar
 
 
 def mixed(batch: int) -> tuple[list[str], list[SamplingParams]]:
@@ -84,7 +84,8 @@ def test_masked_proposing_accepts_more_than_cut_proposing(make_engine, self_draf
     """Digits, a colour, JSON: unmasked, the model's first draft is prose the grammar refuses
     (cut, with every draft after it); under the mask the target drafting for itself passes."""
     texts = ["The capital of France is"] * 3
-    params = [SamplingParams(max_tokens=MAX_TOKENS, structured=c) for c in CONSTRAINTS[:3]]
+    # 24 tokens: the masked runs' lead over the cut ones is a few tokens a request
+    params = [SamplingParams(max_tokens=24, structured=c) for c in CONSTRAINTS[:3]]
     drafter = self_draft_group.shard.drafter
     runs = {}
     for name, matchers in (("cut", None), ("masked", drafter.matchers)):
@@ -103,7 +104,7 @@ def test_masked_proposing_accepts_more_than_cut_proposing(make_engine, self_draf
 
 def test_seeded_sampling_under_a_grammar_with_a_draft_model_repeats(make_engine, weak_draft_group, truncated_draft_dir):
     engine = make_engine("draft-model", group=weak_draft_group, draft_model=truncated_draft_dir, adaptive=False)
-    params = SamplingParams(max_tokens=40, temperature=0.9, seed=7, structured=G.json_schema(PERSON))
+    params = SamplingParams(max_tokens=32, temperature=0.9, seed=7, structured=G.json_schema(PERSON))
     prompt = engine.chat_prompt([{"role": "user", "content": "A person as JSON."}])
     a, b = engine.generate([prompt, prompt], [params, params])
     (alone,) = engine.generate([prompt], params)
@@ -148,7 +149,8 @@ def test_json_schemas_regex_and_choice_outputs_parse_and_validate(make_engine):
     engine = make_engine("ngram")
     prompt = engine.chat_prompt([{"role": "user", "content": "Answer in JSON."}])
     regex, choices = r"[A-Z][a-z]{2,8} [0-9]{2}", ["alpha", "beta", "gamma"]
-    params = [SamplingParams(max_tokens=48, structured=G.json_schema(s)) for s in SCHEMAS]
+    # the values that end do so within 20 tokens; the rest ramble (in a string, in whitespace) to max_tokens
+    params = [SamplingParams(max_tokens=24, structured=G.json_schema(s)) for s in SCHEMAS]
     params += [SamplingParams(max_tokens=16, structured=G("regex", regex)), SamplingParams(max_tokens=8, structured=G.choice(choices))]
     outs = engine.generate([prompt] * len(params), params)
     done = 0
@@ -165,7 +167,7 @@ def test_json_schemas_regex_and_choice_outputs_parse_and_validate(make_engine):
 
 def test_seeded_sampling_under_a_grammar_repeats(make_engine):
     engine = make_engine("ngram")
-    params = SamplingParams(max_tokens=40, temperature=0.9, seed=7, structured=G.json_schema(PERSON))
+    params = SamplingParams(max_tokens=32, temperature=0.9, seed=7, structured=G.json_schema(PERSON))
     prompt = engine.chat_prompt([{"role": "user", "content": "A person as JSON."}])
     a, b = engine.generate([prompt, prompt], [params, params])
     assert a.token_ids == b.token_ids
