@@ -13,9 +13,10 @@ Parts:
 - hf: transformers' compiled decode step at batch 1 and 32, and `--steps` tokens with the
   prefill counted, against tandem's engine doing the same.
 - burst: 64 requests arriving as a Poisson process (prompts of 256-1024 tokens, 128 tokens
-  out): time to first token and the gaps between a stream's tokens, p50 and p99, with the
-  default mixed prefill (chunks of up to a row budget riding on the running verifies), with
-  prefill ticks of their own (chunks of 2048 and 512), and with whole-prompt prefills.
+  out): time to first token, the gaps between a stream's tokens and the ticks, p50 and
+  p99, with prefill ticks of their own (chunks of 2048, the default on a graphed GPU rank,
+  512 and 256), with mixed prefill (chunks of 512 or 256 riding on the running verifies),
+  and with whole-prompt prefills.
 - spec: a synthetic drafter whose drafts are the target's own future greedy tokens, each
   kept with probability alpha (0.6, 0.8), 4 drafts, at batch 1, 8, 32: tokens/s against no
   speculation, with the adaptive rule off and on.
@@ -153,9 +154,10 @@ def part_burst(group, loaded, rate: float) -> dict:
         arrivals.append(arrivals[-1] + rng.expovariate(rate))
     out, rows = {}, []
     # two rounds in turns, the second kept: the first pays one-off costs (kernels for new shapes)
-    modes = [("mixed: chunks ride on verifies (default)", {}),
-             ("mixed, chunks of 256", {"max_prefill_tokens": 256}),
-             ("prefill ticks of 2048", {"mixed_prefill": False}),
+    modes = [("prefill ticks of 2048 (default)", {}),
+             ("mixed: chunks of 512 ride on verifies", {"mixed_prefill": True}),
+             ("mixed, chunks of 256", {"mixed_prefill": True, "max_prefill_tokens": 256}),
+             ("prefill ticks of 256", {"mixed_prefill": False, "max_prefill_tokens": 256}),
              ("prefill ticks of 512", {"mixed_prefill": False, "max_prefill_tokens": 512}),
              ("whole prompts", {"mixed_prefill": False, "max_prefill_tokens": 1 << 30})]
     for round_, (label, options) in enumerate(modes * 2):
