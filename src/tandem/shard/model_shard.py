@@ -183,7 +183,7 @@ class ModelShard:
         self._check_tokens(cmd.tokens)
         riders, rider_logits = list(cmd.prefill), []
         if riders:
-            self._check_prefill(riders)  # and self.rules.check the chunks beside the batch
+            self._check_prefill(riders)  # each as a prefill item (the group checked them beside the batch)
         rows = torch.tensor(cmd.tokens, dtype=torch.long).view(cmd.n, cmd.k)  # on the host
         out = None
         if self.graphs is not None and not riders:  # a forward with chunks runs eagerly
