@@ -85,9 +85,10 @@ def test_an_arrival_at_an_idle_engine_gets_a_prefill_tick_of_its_own(make_engine
 def test_with_emit_a_first_token_leaves_before_the_verify_it_shares_a_tick_with(make_engine, local_group):
     # B arrives right after A's admission tick, so B's prefill and the verify of A and B
     # share one tick; with a way out mid-tick (emit, as the scheduler actor runs the
-    # engine) B's first token goes before that verify, not after it.
+    # engine) B's first token goes before that verify, not after it. (Prefill ticks of their
+    # own: with mixed prefill B's prompt rides on that verify, the next test.)
     emitted = []
-    engine = make_engine("none", group=local_group, sink=emitted.extend)
+    engine = make_engine("none", group=local_group, sink=emitted.extend, mixed_prefill=False)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     a = engine.add_request("Once upon a time", params)
     engine.step()  # A's admission tick
@@ -96,6 +97,25 @@ def test_with_emit_a_first_token_leaves_before_the_verify_it_shares_a_tick_with(
     assert [(o.request_id, len(o.token_ids)) for o in emitted] == [(b, 1)]
     assert {o.request_id: len(o.token_ids) for o in returned} == {a: 2, b: 2}  # each one more, from the verify
     outs = emitted + returned
+    while engine.has_unfinished():
+        outs += engine.step()
+    reference = make_engine("none", group=local_group).generate(["The capital of France is"], params)[0]
+    assert [t for o in outs if o.request_id == b for t in o.delta_token_ids] == reference.token_ids
+
+
+def test_with_mixed_prefill_a_first_token_comes_from_the_verify_its_prompt_rode_on(make_engine, local_group):
+    # B's prompt rides on A's verify: one forward gives A its next token and B its first,
+    # and both leave with that tick's outputs
+    emitted = []
+    engine = make_engine("none", group=local_group, sink=emitted.extend, mixed_prefill=True)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    a = engine.add_request("Once upon a time", params)
+    engine.step()  # A's admission tick
+    b = engine.add_request("The capital of France is", params)
+    returned = engine.step()
+    assert emitted == []
+    assert {o.request_id: len(o.token_ids) for o in returned} == {a: 2, b: 1}
+    outs = list(returned)
     while engine.has_unfinished():
         outs += engine.step()
     reference = make_engine("none", group=local_group).generate(["The capital of France is"], params)[0]
