@@ -1,7 +1,7 @@
 """Where a decode tick's time goes on a GPU: the 8B-shaped model of gpu_scale.py, the real
 Engine.step with CUDA graphs and no drafter, profiled at a few batch sizes.
 
-    python bench/gpu_tick_profile.py [--batches 1 64] [--ticks 20] [--context 500] [--small]
+    python bench/gpu_tick_profile.py [--batches 1 64] [--host-batches 64] [--ticks 20] [--context 500] [--small]
 
 Per batch: the tick's wall time, the GPU's busy time and kernel count a tick, the kernels
 that take most of it (summed by name), and the host's share (wall time the GPU is idle).
