@@ -5,7 +5,7 @@ Engine.step with CUDA graphs and no drafter, profiled at a few batch sizes.
 
 Per batch: the tick's wall time, the GPU's busy time and kernel count a tick, the kernels
 that take most of it (summed by name), and the host's share (wall time the GPU is idle).
-Then the Python functions that take most of a batch-1 tick's host time (cProfile).
+Then the Python functions that take most of the host's time at --host-batches (cProfile).
 Why: a graphed decode tick is the weights' read plus what is not, and the targets of
 gpu_scale.py's decode part are about that remainder. Prints tables, then one JSON line.
 """
