@@ -19,12 +19,16 @@ from tandem.sampling_params import SamplingParams
 from tandem.shard.commands import SamplingSpec
 from tandem.shard.local_group import LocalShardGroup
 
-SLOTS, CONTEXT, MAX_TOKENS = 8, 384, 24
+SLOTS, CONTEXT, MAX_TOKENS = 16, 384, 24
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}}}
 CONSTRAINTS = [G.json_schema(PERSON), G("regex", r"[0-9]{1,3}(, [0-9]{1,3}){2,6}"), G.choice(["red", "green", "blue"])]
 CHATS = ["Describe a person as JSON.", "Give me some numbers.", "What is your favourite colour?",
-         "Explain how rainbows form."]
+         "Explain how rainbows form.", "Who wrote a famous novel? Answer as JSON.", "List a few prime numbers.",
+         "Pick a colour for a kitchen wall.", "Write a haiku about the sea.", "Your best friend, as JSON.",
+         "Count some sheep.", "Which colour is the sky at noon?", "Tell me about volcanoes.",
+         "A scientist, as JSON.", "How many legs do insects have?", "The colour of grass?",
+         "Give one tip for writing clean code."]
 
 
 # ---- the picks, on made-up logits ------------------------------------------------------------
@@ -102,9 +106,9 @@ def cut_tokens(engine) -> float:
     return engine.metrics.grammar_cut_tokens._value.get()
 
 
-def mixed(engine) -> tuple[list[str], list[SamplingParams]]:
+def mixed(engine, count: int = len(CHATS)) -> tuple[list[str], list[SamplingParams]]:
     """Even requests constrained (the constraints in turn), odd ones free."""
-    texts = [engine.chat_prompt([{"role": "user", "content": c}]) for c in CHATS]
+    texts = [engine.chat_prompt([{"role": "user", "content": c}]) for c in CHATS[:count]]
     params = [SamplingParams(max_tokens=MAX_TOKENS, structured=CONSTRAINTS[(i // 2) % len(CONSTRAINTS)] if i % 2 == 0 else None)
               for i in range(len(texts))]
     return texts, params
@@ -137,9 +141,9 @@ def test_masked_drafts_are_never_cut_where_unmasked_ones_are(default_model, dfla
     assert sum(o.num_accepted_tokens for o in masked) > sum(o.num_accepted_tokens for o in unmasked)
 
 
-@pytest.mark.parametrize("batch, graphs", [(1, False), (4, False), (4, True)])
-def test_constrained_greedy_with_dflash_equals_no_speculation(batch, graphs, default_model, dflash_group, reference,
-                                                              monkeypatch):
+@pytest.mark.parametrize("batch, graphs, count", [(1, False, 4), (4, False, 4), (4, True, 4), (16, False, 16)])
+def test_constrained_greedy_with_dflash_equals_no_speculation(batch, graphs, count, default_model, dflash_group,
+                                                              reference, monkeypatch):
     drafter = dflash_group.shard.drafter
     ready = []
     if graphs:  # the padded graph shapes (run eagerly on a CPU): the block forward is queued at commit
@@ -147,7 +151,7 @@ def test_constrained_greedy_with_dflash_equals_no_speculation(batch, graphs, def
         take_ready = drafter._take_ready
         monkeypatch.setattr(drafter, "_take_ready", lambda *a: ready.append(take_ready(*a)) or ready[-1])
     engine = make_engine(default_model, dflash_group, "dflash", batch)
-    texts, params = mixed(engine)
+    texts, params = mixed(engine, count)
     outs = engine.generate(texts, params)
     assert not graphs or any(r is not None for r in ready), "no propose read a block queued at commit"
     for t, p, o, want in zip(texts, params, outs, reference):
