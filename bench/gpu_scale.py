@@ -35,7 +35,7 @@ import torch
 
 from common import json_line, machine, print_table
 from gpu_scale_parts import (LLAMA_8B, SMALL, SyntheticDrafter, build_shard, copy_bandwidth, engine_on,
-                             hf_decode_ms, random_model, weight_bytes)
+                             hf_decode_ms, random_model, step, weight_bytes)
 from gpu_scale_riders import part_riders
 
 TARGETS = {"tick_b1_over_roofline": 1.3, "tick_b64_over_roofline_kv": 1.5, "verify_8x5_over_8_1x5": 0.14,
@@ -61,7 +61,7 @@ def generate(engine, batch: list[list[int]], max_tokens: int, ids: list[str] | N
     done, ticks = {}, []
     while len(done) < len(ids):
         t = time.perf_counter()
-        for out in engine.step():
+        for out in step(engine):
             if out.finished:
                 done[out.request_id] = out.token_ids
         ticks.append((time.perf_counter() - t) * 1000.0)
@@ -172,7 +172,7 @@ def part_burst(group, loaded, rate: float) -> dict:
                 engine.add_requests(due)
                 sent += len(due)
             t_step = time.perf_counter()
-            outs = engine.step()
+            outs = step(engine)
             t = time.perf_counter() - t0
             if outs:
                 ticks.append(time.perf_counter() - t_step)

@@ -92,13 +92,26 @@ def build_shard(loaded, num_slots: int, max_model_len: int, row_budget: int, kv_
 
 
 def engine_on(group, loaded, drafter: str = "none", **cfg):
+    """An engine with a sink, as the scheduler actor runs it: a tick's outputs are built while
+    the next forward runs on the GPU (tandem.release). Step it with step()."""
     from tandem.config import EngineConfig
     from tandem.engine import Engine
 
     limits = group.limits
     config = EngineConfig(drafter=drafter, max_num_seqs=limits.num_slots, max_model_len=limits.max_model_len,
                           row_budget=limits.row_budget, **cfg)
-    return Engine(group, loaded.tokenizer, (), config)
+    outbox: list = []
+    engine = Engine(group, loaded.tokenizer, (), config, sink=outbox.extend)
+    engine.outbox = outbox
+    return engine
+
+
+def step(engine) -> list:
+    """One tick: the outputs the sink got during it, then those step() returned."""
+    returned = engine.step()
+    outs = engine.outbox + returned
+    engine.outbox.clear()
+    return outs
 
 
 class SyntheticDrafter:

@@ -22,8 +22,8 @@ from collections import defaultdict
 import torch
 
 from common import json_line, machine, print_table
-from gpu_scale import generate, prompts
-from gpu_scale_parts import LLAMA_8B, SMALL, build_shard, engine_on, random_model
+from gpu_scale import prompts
+from gpu_scale_parts import LLAMA_8B, SMALL, build_shard, engine_on, random_model, step
 
 
 def running_engine(group, loaded, batch: int, context: int):
@@ -35,7 +35,7 @@ def running_engine(group, loaded, batch: int, context: int):
     params = SamplingParams(max_tokens=1000, ignore_eos=True)
     engine.add_requests([Request(p, params, f"p{i}") for i, p in enumerate(prompts(batch, context, loaded.config.vocab_size, seed=batch))])
     for _ in range(40):  # prefill ticks, then graphs of the decode shapes captured
-        engine.step()
+        step(engine)
     return engine
 
 
@@ -46,7 +46,7 @@ def kernel_table(engine, ticks: int) -> tuple[dict, list]:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(ticks):
-            engine.step()
+            step(engine)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / ticks
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
@@ -64,7 +64,7 @@ def host_profile(engine, ticks: int, top: int = 25) -> str:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(ticks):
-        engine.step()
+        step(engine)
     torch.cuda.synchronize()
     prof.disable()
     out = io.StringIO()
@@ -88,7 +88,7 @@ def main(argv=None) -> None:
         times = []
         for _ in range(args.ticks):
             t = time.perf_counter()
-            engine.step()
+            step(engine)
             times.append((time.perf_counter() - t) * 1e3)
         summary, rows = kernel_table(engine, args.ticks)
         summary["tick_p50_ms"] = statistics.median(times)
@@ -101,7 +101,7 @@ def main(argv=None) -> None:
         for i in range(b):  # frees the slots for the next batch
             engine.abort(f"p{i}")
         while engine.has_unfinished():
-            engine.step()
+            step(engine)
     result["machine"] = machine()
     json_line(result)
 

@@ -1,12 +1,13 @@
 """OutputRelease: the one owner of releasing a tick's outputs.
 
 No output leaves before every rank has acknowledged the verdicts it depends on. A group
-that acknowledges at once (one in-process rank) or a release without a sink settles at
-the tick's end and hands the outputs back from step(). With a sink (the scheduler actor)
-and a group whose acknowledgements come later (gRPC sessions), the round trip stays off
-the tick: the outputs are held, and go to the sink from inside the next tick as soon as
-the group has read the acknowledgements, while that tick's first command runs on the
-ranks. Held outputs are built (their text decoded) only then (see due_outputs).
+that acknowledges at once (one in-process rank on a CPU) or a release without a sink
+settles at the tick's end and hands the outputs back from step(). With a sink (the
+scheduler actor) and a group whose acknowledgements come later (gRPC sessions; one
+in-process rank on a GPU, see tandem.shard.local_group), the round trip stays off the
+tick: the outputs are held, and go to the sink from inside the next tick as soon as the
+group has read the acknowledgements, while that tick's first command runs on the ranks.
+Held outputs are built (their text decoded) only then (see due_outputs).
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ output, token for token, with the verify forward in CUDA graphs; with the Sessio
 over the rank's session socket (blocking reads, and both sides busy-polling) and over gRPC."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -64,3 +66,31 @@ def test_verdicts_riding_on_verifies_keep_greedy_output_exact_on_a_gpu(tiny_mode
     final = {o.request_id: o for o in emitted if o.finished}
     assert [final[i].token_ids for i in ids] == [r.token_ids for r in reference]
     assert sum(final[i].num_draft_tokens for i in ids) > 0, "no drafts: the verify path was not exercised"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("batch", [1, 8])
+def test_an_in_process_rank_with_a_sink_keeps_greedy_output_exact_on_a_gpu(tiny_model_dir, batch):
+    # the tick's outputs are built while the next verify's forward runs (tandem.shard.local_group)
+    config = EngineConfig(model=tiny_model_dir, device="cuda", drafter="ngram", max_num_seqs=8, max_model_len=96,
+                          row_budget=64, num_speculative_tokens=4, adaptive=False)
+    params = SamplingParams(max_tokens=40)
+    shard, _ = build_model_shard(config.shard_spec(), progress=False)
+    group = LocalShardGroup(shard)
+    assert shard.forward_is_async
+    plain = dataclasses.replace(config, drafter="none", num_speculative_tokens=0)
+    reference = Engine(group, IdsTokenizer(), (), plain).generate(prompts(batch), params)
+    emitted, sent = [], [0]
+
+    def sink(outs):
+        sent[0] += 1
+        emitted.extend(outs)
+
+    engine = Engine(group, IdsTokenizer(), (), config, sink=sink)
+    ids = [engine.add_request(p, params) for p in prompts(batch)]
+    while engine.has_unfinished():
+        emitted.extend(engine.step())
+    final = {o.request_id: o for o in emitted if o.finished}
+    assert [final[i].token_ids for i in ids] == [r.token_ids for r in reference]
+    assert sent[0] > 3, "no held outputs left through the sink"
+    assert sum(final[i].num_draft_tokens for i in ids) > 0

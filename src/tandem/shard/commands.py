@@ -281,7 +281,8 @@ class ShapeRules:
                 raise ShapeError("blocks written", f"slot {slot}: this {what} writes a block of its table for another sequence")
             every.update(own)
         for slot, table, own in zip(slots, tables, written):
-            if not every.difference(own).isdisjoint(table):
+            # own is part of table: any more of every in table is another sequence's
+            if len(every.intersection(table)) != len(set(own)):
                 raise ShapeError("blocks written", f"slot {slot}: this {what} writes a block of its table for another sequence")
 
     def check_table(self, slot: int, table: list[int], positions: int) -> None:

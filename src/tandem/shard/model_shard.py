@@ -169,11 +169,12 @@ class ModelShard:
         return self.device.type == "cuda"
 
     @torch.inference_mode()
-    def verify_begin(self, cmd: VerifyBatch) -> Callable[[], VerifyResult]:
-        """Check the batch and queue its forward; the call returned reads the picks back.
-        On a GPU the forward runs in between: the shard server answers the commands that
-        rode on this one meanwhile."""
-        self.rules.check(cmd)
+    def verify_begin(self, cmd: VerifyBatch, checked: bool = False) -> Callable[[], VerifyResult]:
+        """Check the batch (its shape rules, unless the caller did: checked) and queue its
+        forward; the call returned reads the picks back. On a GPU the forward runs in
+        between: the shard server answers the commands that rode on this one meanwhile."""
+        if not checked:
+            self.rules.check(cmd)
         for slot, pos in zip(cmd.slots, cmd.start_pos):
             self._check_slot(slot)
             if pos != self.lengths[slot]:
