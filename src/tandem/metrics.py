@@ -59,6 +59,7 @@ class EngineMetrics:
         self.num_requests_waiting = Gauge("tandem:num_requests_waiting", "Sequences waiting for a slot or KV blocks.", registry=r)
         self._preemptions_seen = 0
         self.max_positions = max_positions
+        self._accepted_at: dict[int, object] = {}  # position -> its labelled child, made when first counted
 
     def record_prefix_hit(self, tokens: int, cached: int) -> None:
         self.prefix_cache_queries.inc(tokens)
@@ -74,14 +75,24 @@ class EngineMetrics:
 
     def record_verify(self, drafted: list[int], accepted: list[int]) -> None:
         """drafted[i], accepted[i]: one sequence's draft count and accepted count this round."""
+        # one increment a counter a round, not one a sequence: this runs on every tick
+        rounds, at_pos = 0, [0] * self.max_positions
         for g, a in zip(drafted, accepted):
-            if g == 0:
-                continue
-            self.num_drafts.inc()
-            self.num_draft_tokens.inc(g)
-            self.num_accepted_tokens.inc(a)
-            for pos in range(min(a, self.max_positions)):
-                self.accepted_per_pos.labels(position=str(pos)).inc()
+            if g:
+                rounds += 1
+                for pos in range(min(a, self.max_positions)):
+                    at_pos[pos] += 1
+        if not rounds:
+            return
+        self.num_drafts.inc(rounds)
+        self.num_draft_tokens.inc(sum(drafted))
+        self.num_accepted_tokens.inc(sum(a for g, a in zip(drafted, accepted) if g))
+        for pos, count in enumerate(at_pos):
+            if count:
+                child = self._accepted_at.get(pos)
+                if child is None:
+                    child = self._accepted_at[pos] = self.accepted_per_pos.labels(position=str(pos))
+                child.inc(count)
 
     def record_finished(self, arrival: float, first_token: float | None, tokens: int, now: float) -> None:
         """A request that ended by stop or length: its end-to-end and per-token latency."""

@@ -112,11 +112,13 @@ def verify_step(batch: list[Sequence], ctx: StepContext,
         return
     ctx.on_committed(cmd.batch_id, batch)
 
+    emitted = 0
     for i, s in enumerate(batch):
         s.verify_failures = 0
         logprobs = res.logprobs[i] if s.output_logprobs is not None else None  # only for those that asked
-        emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx, logprobs, forced[i])
+        emitted += emit(s, drafts[i], res.picks[i * k : (i + 1) * k], accepted[i], ctx, logprobs, forced[i])
         ctx.kv_committed(s)  # the rows past its new length go back to the pool
+    ctx.metrics.generated_tokens.inc(emitted)
     ctx.metrics.record_verify([len(d) for d in drafts], accepted)
 
     t1 = ctx.clock.now()
@@ -204,8 +206,9 @@ def verdicts(cmd: VerifyBatch, res: VerifyResult, drafts: list[list[int]], batch
 
 
 def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: StepContext, logprobs=None,
-         forced: int = 0) -> None:
-    """The accepted drafts, then the bonus token; nothing past a stop condition. logprobs:
+         forced: int = 0) -> int:
+    """The accepted drafts, then the bonus token; nothing past a stop condition; returns how
+    many tokens it emitted. logprobs:
     the sequence's RowLogprobs (when it asked): an accepted draft's entry is the draft's at
     its row, the bonus token's its pick's. forced: the drafts' last ones the grammar forced;
     the adaptive rule judges the drafter by its own drafts (a forced token always passes)."""
@@ -225,7 +228,7 @@ def emit(s: Sequence, drafts: list[int], picks: list[int], accepted: int, ctx: S
             break
     if not drafted:
         ctx.adaptive.record_plain(s.spec, len(s.output_ids) - before)
-    ctx.metrics.generated_tokens.inc(len(s.output_ids) - before)
+    return len(s.output_ids) - before
 
 
 def num_drafts_for(s: Sequence, ctx: StepContext) -> int:
