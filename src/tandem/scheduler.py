@@ -145,7 +145,7 @@ class Scheduler:
         rejected drafts), its full blocks become shareable (a finished sequence's too: the
         prompt of a one-token request is the next one's prefix)."""
         if self.kv.has(seq.request_id):
-            self.kv.commit(seq.request_id, seq.all_ids[: seq.kv_len])
+            self.kv.commit(seq.request_id, seq.committed_ids)
 
     def table(self, seq: Sequence) -> list[int]:
         return self.kv.table(seq.request_id)

@@ -85,6 +85,12 @@ class Sequence:
         return self.prompt_ids + self.output_ids
 
     @property
+    def committed_ids(self) -> "JoinedIds":
+        """The ids whose KV is committed (all_ids[:kv_len]), read a slice at a time, uncopied:
+        the KV manager takes them every tick and reads only the blocks that just filled."""
+        return JoinedIds(self.prompt_ids, self.output_ids, self.kv_len)
+
+    @property
     def last_token(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
@@ -202,3 +208,25 @@ def record_prompt_logprobs(seq: Sequence, start: int, rows) -> None:
     for r in range(len(rows.chosen)):
         if start + 1 + r < len(seq.prompt_logprobs):
             seq.prompt_logprobs[start + 1 + r] = logprob_entry(rows, r)
+
+
+class JoinedIds:
+    """The first `length` ids of prompt + output, sliced without building the joined list."""
+
+    __slots__ = ("prompt", "output", "length")
+
+    def __init__(self, prompt: list[int], output: list[int], length: int):
+        self.prompt, self.output, self.length = prompt, output, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: slice) -> list[int]:
+        start, stop, step = index.indices(self.length)
+        assert step == 1, "a step slice of joined ids"
+        p = len(self.prompt)
+        if stop <= p:
+            return self.prompt[start:stop]
+        if start >= p:
+            return self.output[start - p : stop - p]
+        return self.prompt[start:] + self.output[: stop - p]

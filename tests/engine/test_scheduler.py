@@ -104,3 +104,19 @@ def test_committed_gives_back_the_blocks_past_the_kept_rows():
     a.output_ids = [9, 10]  # one draft kept: kv_len 7
     s.committed(a)
     assert len(s.table(a)) == 2 and s.kv.num_free() == 6
+
+
+def test_committed_ids_slice_as_the_joined_list_does():
+    # what the KV manager reads of a sequence's committed ids each tick, without the copy
+    import random
+
+    from tandem.sequence import JoinedIds
+
+    rng = random.Random(3)
+    for _ in range(500):
+        prompt = [rng.randrange(100) for _ in range(rng.randrange(1, 40))]
+        output = [rng.randrange(100) for _ in range(rng.randrange(0, 40))]
+        n = rng.randrange(0, len(prompt) + len(output) + 1)
+        joined, whole = JoinedIds(prompt, output, n), (prompt + output)[:n]
+        a, b = rng.randrange(0, n + 3), rng.randrange(0, n + 3)
+        assert len(joined) == n and joined[a:b] == whole[a:b], (len(prompt), len(output), n, a, b)

@@ -23,7 +23,7 @@ sequence's own. Nothing here asserts this; it is the caller's contract.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from tandem.kv.block_pool import ROOT_UID, BlockPool
@@ -145,7 +145,7 @@ class KVBlockManager:
         state.table.extend(self.pool.allocate(num_new))
         return True
 
-    def commit(self, seq_id: Hashable, tokens: list[int]) -> None:
+    def commit(self, seq_id: Hashable, tokens: Sequence[int]) -> None:
         """The sequence's KV now holds exactly `tokens` (its positions 0..len(tokens)-1,
         e.g. after a verify kept some drafts and rejected the rest).
 
@@ -191,7 +191,7 @@ class KVBlockManager:
             raise ValueError(f"{op}: unknown sequence {seq_id!r} (it holds no block table)")
         return state
 
-    def _block_tokens(self, tokens: list[int], index: int) -> tuple[int, ...]:
+    def _block_tokens(self, tokens: Sequence[int], index: int) -> tuple[int, ...]:
         return tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
 
     def _longest_cached_prefix(self, tokens: list[int]) -> tuple[list[int], list[int]]:
@@ -210,7 +210,7 @@ class KVBlockManager:
             chain.append(parent)
         return hits, chain
 
-    def _register_full_blocks(self, state: _SeqBlocks, tokens: list[int], num_full: int) -> None:
+    def _register_full_blocks(self, state: _SeqBlocks, tokens: Sequence[int], num_full: int) -> None:
         parent = state.chain[-1] if state.chain else ROOT_UID
         for index in range(len(state.chain), num_full):
             block = state.table[index]
