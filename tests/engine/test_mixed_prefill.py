@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from bursts import burst_midstream
 from tandem.errors import ShapeError
 from tandem.sampling_params import SamplingParams
 
@@ -36,20 +37,6 @@ class VerifySpy:
         monkeypatch.setattr(group, "verify", verify)
 
 
-def burst_midstream(engine, first: list[str], burst: list[str], params=GREEDY):
-    """`first` start and reach their first tokens; then `burst` arrives while they run."""
-    ids = [engine.add_request(p, params) for p in first]
-    final = {}
-    while not all(engine.requests[i].output_ids for i in ids):
-        final.update((o.request_id, o) for o in engine.step() if o.finished)
-    ids += [engine.add_request(p, params) for p in burst]
-    while len(final) < len(ids):
-        final.update((o.request_id, o) for o in engine.step() if o.finished)
-    outs = [final[i] for i in ids]
-    assert all(o.finish_reason in ("stop", "length") for o in outs), [o.error for o in outs]
-    return [o.token_ids for o in outs]
-
-
 FIRST, BURST = prompts(3)[:2], [LONG, *prompts(6)[2:]]
 
 
@@ -66,7 +53,7 @@ def test_a_burst_riding_on_running_verifies_changes_no_output(drafter, make_engi
     options = {"group": weak_draft_group, "draft_model": truncated_draft_dir} if drafter == "draft-model" else {}
     engine = make_engine(drafter, max_prefill_tokens=32, adaptive=False, **options)
     spy = VerifySpy(engine.group, monkeypatch)
-    assert burst_midstream(engine, FIRST, BURST) == want
+    assert burst_midstream(engine, FIRST, BURST, GREEDY) == want
     # the long prompt alone needs several 32-token chunks, each riding on a verify
     assert spy.riders >= len(BURST) + 2
 
@@ -74,7 +61,7 @@ def test_a_burst_riding_on_running_verifies_changes_no_output(drafter, make_engi
 def test_with_mixed_prefill_off_no_chunk_rides_and_outputs_are_the_same(make_engine, want, monkeypatch):
     engine = make_engine("ngram", max_prefill_tokens=32, mixed_prefill=False)
     spy = VerifySpy(engine.group, monkeypatch)
-    assert burst_midstream(engine, FIRST, BURST) == want
+    assert burst_midstream(engine, FIRST, BURST, GREEDY) == want
     assert spy.verifies > 0 and spy.riders == 0
 
 
@@ -84,14 +71,14 @@ def test_by_default_chunks_ride_only_where_the_target_runs_eagerly(make_engine, 
     # a rank replaying CUDA graphs: a riding forward would run eagerly, so chunks go apart
     monkeypatch.setattr(engine.group, "limits", replace(engine.group.limits, graphed=True))
     spy = VerifySpy(engine.group, monkeypatch)
-    assert burst_midstream(engine, FIRST, BURST) == want
+    assert burst_midstream(engine, FIRST, BURST, GREEDY) == want
     assert spy.verifies > 0 and spy.riders == 0
 
 
 def test_a_refused_ride_leaves_the_running_batch_unharmed_and_the_chunks_prefill_apart(make_engine, want, monkeypatch):
     engine = make_engine("ngram", max_prefill_tokens=32)
     spy = VerifySpy(engine.group, monkeypatch, refuse_riders=True)
-    assert burst_midstream(engine, FIRST, BURST) == want
+    assert burst_midstream(engine, FIRST, BURST, GREEDY) == want
     assert spy.refused >= 2 and spy.riders == 0  # each refusal: the batch alone, then a prefill of its own
 
 
@@ -102,7 +89,7 @@ def test_riders_that_hit_the_prefix_cache_change_no_output(make_engine, monkeypa
     engine = make_engine("ngram", max_prefill_tokens=32)
     spy = VerifySpy(engine.group, monkeypatch)
     hits = engine.metrics.prefix_cache_hits._value.get()
-    assert burst_midstream(engine, shared[:1], shared[1:]) == uncached
+    assert burst_midstream(engine, shared[:1], shared[1:], GREEDY) == uncached
     assert engine.metrics.prefix_cache_hits._value.get() - hits >= 2 * 32  # the later two found LONG's blocks
     assert spy.riders > 0
 
@@ -110,5 +97,5 @@ def test_riders_that_hit_the_prefix_cache_change_no_output(make_engine, monkeypa
 def test_riders_under_preemption_change_no_output(default_model, want, monkeypatch):
     engine = _engine(default_model, _pool_group(default_model, 12), max_prefill_tokens=32)  # 192 positions
     spy = VerifySpy(engine.group, monkeypatch)
-    assert burst_midstream(engine, FIRST, BURST) == want
+    assert burst_midstream(engine, FIRST, BURST, GREEDY) == want
     assert engine.scheduler.num_preemptions > 0 and spy.riders > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bursts import burst_midstream
 from test_gpu_grpc_greedy import IdsTokenizer
 from tandem.config import EngineConfig
 from tandem.engine import Engine
@@ -38,18 +39,6 @@ def config(model: str, device: str, drafter: str, mixed: bool) -> EngineConfig:
                         dtype="float32")
 
 
-def burst_midstream(engine: Engine) -> list[list[int]]:
-    ids = [engine.add_request(p, PARAMS) for p in FIRST]
-    final = {}
-    while not all(engine.requests[i].output_ids for i in ids):
-        final.update((o.request_id, o) for o in engine.step() if o.finished)
-    ids += [engine.add_request(p, PARAMS) for p in BURST]
-    while len(final) < len(ids):
-        final.update((o.request_id, o) for o in engine.step() if o.finished)
-    assert all(final[i].finish_reason == "length" for i in ids), [final[i].error for i in ids]
-    return [final[i].token_ids for i in ids]
-
-
 CASES = [pytest.param("cpu", 2, id="cpu-tp2", marks=pytest.mark.slow),
          pytest.param("cuda", 1, id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
              not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
@@ -60,7 +49,7 @@ CASES = [pytest.param("cpu", 2, id="cpu-tp2", marks=pytest.mark.slow),
 def test_chunks_riding_on_grpc_verifies_keep_greedy_output_exact(tiny_model_dir, device, ranks, monkeypatch):
     plain = config(tiny_model_dir, device, "none", mixed=False)
     shard, _ = build_model_shard(plain.shard_spec(), progress=False)
-    want = burst_midstream(Engine(LocalShardGroup(shard), IdsTokenizer(), (), plain))
+    want = burst_midstream(Engine(LocalShardGroup(shard), IdsTokenizer(), (), plain), FIRST, BURST, PARAMS, ("length",))
     mixed = config(tiny_model_dir, device, "ngram", mixed=True)
     group = GrpcShardGroup(mixed.shard_spec(), ProcessLauncher(ranks, threads_per_rank=1), deadline_s=60)
     rode = []
@@ -68,7 +57,7 @@ def test_chunks_riding_on_grpc_verifies_keep_greedy_output_exact(tiny_model_dir,
     monkeypatch.setattr(group, "verify", lambda cmd: (rode.append(len(cmd.prefill)), real(cmd))[1])
     try:
         assert group.limits.world_size == ranks
-        got = burst_midstream(Engine(group, IdsTokenizer(), (), mixed))
+        got = burst_midstream(Engine(group, IdsTokenizer(), (), mixed), FIRST, BURST, PARAMS, ("length",))
     finally:
         group.close()
     assert got == want
