@@ -23,8 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from polling import wait_for  # noqa: E402
 
 # float32, the exact path: each replica's batches differ from the reference's, and the CPU's
-# quantized kernels (auto: int4 x bfloat16) pick by the batch's shape
-ENGINE = {"max_num_seqs": 8, "max_model_len": 1024, "rpc_deadline_s": 20.0, "dtype": "float32"}
+# quantized kernels (auto: int4 x bfloat16) pick by the batch's shape; health checks every
+# 2 s: the killed replica is replaced after three failed ones
+ENGINE = {"max_num_seqs": 8, "max_model_len": 1024, "rpc_deadline_s": 20.0, "dtype": "float32",
+          "health_check_period_s": 2.0}
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Count to ten: 1, 2, 3,", "Once upon a time, a fox",
            "The three primary colours are", "Water boils at", "A haiku about the sea:", "import numpy as np\n"]
 PREFIX = ("You are a careful assistant for a library. The library opens at nine and closes at five. "
