@@ -4,7 +4,8 @@ middle of a verify, a rank that hangs, and a short result. Each time the batch f
 with finish reason error and a message naming the cause, within the deadline; the ranks
 still reachable got the all-zero verdict; nothing hangs; and after the group's restart
 the next request succeeds. All of it with the ranks' Session streams over their session
-sockets and over gRPC.
+sockets and over gRPC. The ranks run the tiny random-weight chat model: what is under
+test is the group's fault handling, not the text, and every restart loads it afresh.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from tandem.config import EngineConfig
 from tandem.engine import Engine
+from tandem.model.loader import load_tokenizer
 from tandem.rpc.generated import shard_pb2 as pb
 from tandem.rpc.generated import shard_pb2_grpc as pb_grpc
 from tandem.rpc.grpc_group import GrpcShardGroup
@@ -33,14 +35,15 @@ F = pb.FaultRequest
 
 
 @pytest.fixture(scope="module", params=["socket", "grpc"])
-def engine(default_model, request):
+def engine(tiny_chat_model, request):
     """The ranks' Session streams over their session sockets (this host's default), or over gRPC."""
-    config = EngineConfig(drafter="ngram", max_num_seqs=4, max_model_len=128, row_budget=64)
+    config = EngineConfig(model=tiny_chat_model, drafter="ngram", max_num_seqs=4, max_model_len=128, row_budget=64)
     group = GrpcShardGroup(config.shard_spec(), ProcessLauncher(2, fault_injection=True), deadline_s=DEADLINE_S,
                            collective_timeout_s=COLLECTIVE_S, failed_verdict_deadline_s=VERDICT_S,
                            session_socket=request.param == "socket")
     assert group.session_transports == [request.param] * 2
-    yield Engine(group, default_model.tokenizer, default_model.eos_token_ids, config)
+    tok = load_tokenizer(tiny_chat_model, progress=False)
+    yield Engine(group, tok.tokenizer, tok.eos_token_ids, config)
     group.close()
 
 

@@ -22,7 +22,11 @@ import httpx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for polling
 from polling import wait_for  # noqa: E402
 
-ENGINE = {"max_num_seqs": 8, "max_model_len": 1024, "rpc_deadline_s": 20.0}
+# float32, the exact path: each replica's batches differ from the reference's, and the CPU's
+# quantized kernels (auto: int4 x bfloat16) pick by the batch's shape; health checks every
+# 2 s: the killed replica is replaced after three failed ones
+ENGINE = {"max_num_seqs": 8, "max_model_len": 1024, "rpc_deadline_s": 20.0, "dtype": "float32",
+          "health_check_period_s": 2.0}
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Count to ten: 1, 2, 3,", "Once upon a time, a fox",
            "The three primary colours are", "Water boils at", "A haiku about the sea:", "import numpy as np\n"]
 PREFIX = ("You are a careful assistant for a library. The library opens at nine and closes at five. "
@@ -46,16 +50,25 @@ def serve_app(port: int | None, args: dict) -> int:
     return port
 
 
+_references: dict[tuple, dict[str, str]] = {}
+
+
 def reference(prompts: list[str], max_tokens: int) -> dict[str, str]:
-    """The embedded engine's greedy text of each prompt (the single-engine, fault-free text)."""
+    """The embedded engine's greedy text of each prompt (the single-engine, fault-free text);
+    computed once for each (prompts, max_tokens)."""
     from tandem.engine import Engine
     from tandem.sampling_params import SamplingParams
 
     global _embedded
+    key = (tuple(prompts), max_tokens)
+    if key in _references:
+        return _references[key]
     if "_embedded" not in globals():
-        _embedded = Engine.from_config(progress=False, model="smollm2", max_num_seqs=8, max_model_len=1024)
+        _embedded = Engine.from_config(progress=False, model="smollm2", max_num_seqs=8, max_model_len=1024,
+                                       dtype=ENGINE["dtype"])
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return {p: o.text for p, o in zip(prompts, _embedded.generate(prompts, params))}
+    _references[key] = {p: o.text for p, o in zip(prompts, _embedded.generate(prompts, params))}
+    return _references[key]
 
 
 def complete(base: str, prompt: str, max_tokens: int) -> tuple[int, str]:

@@ -2,13 +2,15 @@
 arguments and the merged metrics, without Ray (the served app: test_engine_replicas.py)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from pydantic import ValidationError
 
 from tandem.actors.prefix_index import PrefixIndex
 from tandem.actors.prefix_keys import CHUNK_CHARS, prefix_keys
 from tandem.serve.args import EngineAutoscaling, TandemServeArgs
-from tandem.serve.autoscaling import autoscaling_config, desired_replicas
+from tandem.serve.autoscaling import LoadPolicy, autoscaling_config, desired_replicas
 from tandem.serve.metrics_merge import merge
 from tandem.serve.replica_router import Replica, ReplicaRouter
 
@@ -88,6 +90,12 @@ def test_autoscaling_adds_above_the_target_and_removes_only_well_below_it():
     assert desired_replicas(2, 1500, 1000) == 2
     assert desired_replicas(2, 400, 1000) == 1
     assert desired_replicas(1, 0, 1000) == 1
+    # a replica still starting counts: one running under the target keeps the second coming
+    starting = SimpleNamespace(current_num_replicas=1, target_num_replicas=2, policy_state={},
+                               aggregated_metrics={"load_tokens": {"r1": 600.0}})
+    assert LoadPolicy(1000)(starting)[0] == 2
+    starting.aggregated_metrics = {"load_tokens": {"r1": 400.0}}
+    assert LoadPolicy(1000)(starting)[0] == 1
     config = autoscaling_config(EngineAutoscaling(min_replicas=1, max_replicas=4, upscale_window_s=10))
     assert config["max_replicas"] == 4 and config["upscale_delay_s"] == 10
     assert config["look_back_period_s"] > config["metrics_interval_s"]

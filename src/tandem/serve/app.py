@@ -125,7 +125,7 @@ def build_app(args: dict | TandemServeArgs | None = None):
     if isinstance(args, TandemServeArgs):
         args = args.model_dump()
     parsed = TandemServeArgs.model_validate(args or {})
-    checks = {"health_check_period_s": 10, "health_check_timeout_s": 30}
+    checks = {"health_check_period_s": parsed.health_check_period_s, "health_check_timeout_s": 30}
     if parsed.autoscaling is None:
         count = {"num_replicas": parsed.engine_replicas}
     else:

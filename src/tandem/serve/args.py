@@ -69,6 +69,7 @@ class _ServingArgs(BaseModel):
     autoscaling: EngineAutoscaling | None = Field(None, description="Scale the engine replicas on their load instead of a fixed engine_replicas: {min_replicas, max_replicas, target_load_tokens, upscale_window_s, downscale_window_s} (`tandem serve --autoscaling MIN:MAX[:TARGET]` or JSON).")
     prefix_routing: bool = Field(True, description="Send a request whose prompt starts with a prefix an engine replica holds in its prefix cache (whole 256-character chunks of its text) to that replica, unless prefix_overload_tokens makes it too busy; else to the least loaded replica.")
     prefix_overload_tokens: int = Field(8192, ge=0, description="How many tokens more load (queued + running) than the least loaded replica the replica holding a request's prefix may have and still get it: past that, waiting behind its queue costs more than prefilling the prefix again elsewhere would save.")
+    health_check_period_s: float = Field(10.0, gt=0, le=600, description="How often Serve checks each replica's health. After three failed checks in a row Serve replaces the replica: an engine replica whose scheduler actor was lost is replaced about three periods later.")
     drain_timeout_s: float = Field(120.0, gt=0, le=3600, description="How long an engine replica that is being removed (scale-down, an update) keeps generating for the requests it holds, taking no new ones, before it stops.")
 
     @model_validator(mode="after")

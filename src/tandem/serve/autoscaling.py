@@ -19,7 +19,10 @@ class LoadPolicy:
         self.target = float(target_load_tokens)
 
     def __call__(self, ctx) -> tuple[int, dict]:
-        n = ctx.current_num_replicas
+        # Serve's target count, replicas still starting included: from the running count
+        # alone, a load under the target would read as "one fewer" and stop a replica
+        # that is starting (the gap below would not hold)
+        n = ctx.target_num_replicas
         loads = (ctx.aggregated_metrics or {}).get("load_tokens", {})
         return desired_replicas(n, sum(loads.values()), self.target), ctx.policy_state
 
