@@ -93,6 +93,21 @@ def test_smollm2_logits_match_transformers_for_prefill_chunked_decode_and_batche
     check_against_reference(smollm2.model, smollm2_hf, a, b)
 
 
+def test_a_verifys_rows_give_bitwise_the_logits_of_one_row_decodes(smollm2):
+    """Two sequences verified 5 rows at a time equal each row decoded alone, bit for bit
+    (GEMMs, attention, norms): greedy speculation picks what greedy decoding picks."""
+    a, b = smollm2_prompts(smollm2.tokenizer)
+    model, together, alone = smollm2.model, SlotTables(smollm2.model, 2, 64), SlotTables(smollm2.model, 2, 64)
+    pa, pb = len(a) - 5, len(b) - 5
+    for cache in (together, alone):
+        cache(model, a[None, :pa], [0], [0])
+        cache(model, b[None, :pb], [1], [0])
+    verify = together(model, torch.stack([a[pa:], b[pb:pb + 5]]), [0, 1], [pa, pb]).logits
+    for r in range(5):
+        step = alone(model, torch.stack([a[pa + r:pa + r + 1], b[pb + r:pb + r + 1]]), [0, 1], [pa + r, pb + r])
+        assert torch.equal(step.logits[:, 0], verify[:, r]), r
+
+
 def test_captured_layer_i_is_the_output_of_decoder_layer_i(smollm2, smollm2_hf):
     a, _ = smollm2_prompts(smollm2.tokenizer)
     model, last = smollm2.model, smollm2.config.num_layers - 1

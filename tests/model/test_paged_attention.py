@@ -116,6 +116,20 @@ def test_long_contexts_split_across_threads(kernel, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (12, 2, 128), (4, 4, 48)], ids=["gqa64", "gqa128", "mha-d48"])
+def test_a_rows_output_is_bitwise_the_same_alone_or_beside_others(kernel, heads, dtype):
+    """A verify's k rows and k one-row decodes (the same cache) agree bit for bit, across key
+    chunk edges and every row tiling: what keeps greedy speculation exact on the CPU."""
+    hq, hkv, d = heads
+    for starts, k in [([3], 5), ([30], 2), ([35, 60], 5), ([100], 17), ([7, 0, 64], 3), ([20], 40)]:
+        q, k_cache, v_cache, tables, start = make_case(len(starts), k, hq, hkv, d, 16, starts, dtype=dtype, seed=k)
+        together = kernel(q, k_cache, v_cache, tables, start)
+        for r in range(k):
+            alone = kernel(q[:, r : r + 1], k_cache, v_cache, tables, start + r)
+            assert torch.equal(alone[:, 0], together[:, r]), (starts, k, r)
+
+
 def test_prefill_chunk_of_many_rows(kernel):
     """More rows than one tile: the rows are cut into tiles that each read only their keys."""
     case = make_case(2, 70, 12, 2, 64, 16, [0, 45])

@@ -7,6 +7,9 @@
 // Query rows lie across the lanes, S[j][row]: a key element broadcast against a vector
 // of (transposed) queries, no horizontal sums, d FMAs per key for up to kLanes rows. Each
 // lane's arithmetic is its own, so a row's result does not depend on the rows beside it.
+// The build turns the compiler's own contraction off (-ffp-contract=off): it fused a
+// multiply and an add in some unrolled or peeled copies of a loop and not in others, so
+// which rows shared a call changed a row's rounding. The FMAs are written out (fma()).
 #pragma once
 
 #include <algorithm>
@@ -14,6 +17,10 @@
 #include <cstdint>
 #include <limits>
 #include <utility>
+
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace paged_attention_cpu {
 
@@ -41,6 +48,19 @@ inline void store(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
 inline vfloat splat(float x) { return vfloat{} + x; }
 inline vfloat vmax(vfloat a, vfloat b) { return a > b ? a : b; }
 
+// a * b + c rounded once where the CPU has FMA; elsewhere twice, the same in every lane.
+inline vfloat fma(vfloat a, vfloat b, vfloat c) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vfloat>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                  reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+  return reinterpret_cast<vfloat>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                                  reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
+}
+
 // e^x for x <= 0 (x = -inf gives 0): Cephes' expf, relative error about 1e-7. Below
 // -87 the result (< 1.7e-38, beside a row maximum of e^0 = 1) is flushed to 0.
 inline vfloat exp_nonpositive(vfloat x) {
@@ -48,15 +68,15 @@ inline vfloat exp_nonpositive(vfloat x) {
   const vint underflow = x < lo;
   x = underflow ? lo : x;
   const vfloat magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const vfloat n = (x * 1.44269504088896341f + magic) - magic;
-  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  const vfloat n = fma(x, splat(1.44269504088896341f), magic) - magic;
+  const vfloat r = fma(n, splat(2.12194440e-4f), fma(n, splat(-0.693359375f), x));
   vfloat p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  p = fma(p, r * r, r) + 1.0f;
   const vint two_n = (__builtin_convertvector(n, vint) + 127) << 23;
   const vfloat e = p * reinterpret_cast<const vfloat&>(two_n);
   return underflow ? splat(0.0f) : e;
@@ -79,7 +99,7 @@ inline void wide_score_step(const float* qt, int64_t width, int64_t d, const flo
 #pragma GCC unroll 4
   for (int64_t c = 0; c < d; ++c) {
     const vfloat q = load(qt + c * width);
-    for (int j = 0; j < J; ++j) acc[j] += q * krow[j][c];
+    for (int j = 0; j < J; ++j) acc[j] = fma(q, splat(krow[j][c]), acc[j]);
   }
   for (int j = 0; j < J; ++j) store(s + j * width, acc[j]);
 }
@@ -117,7 +137,7 @@ inline void wide_softmax(int64_t key0, int64_t nj, const TileState& t) {
     }
     const vfloat alpha = exp_nonpositive(old - ref);
     store(t.alpha + lb, alpha);
-    store(t.l + lb, load(t.l + lb) * alpha + sum);
+    store(t.l + lb, fma(load(t.l + lb), alpha, sum));
     store(t.mx + lb, now);
   }
 }
@@ -136,7 +156,7 @@ inline void value_step(const float* const* vrow, int64_t nj, const float* p, int
     const float* vj = vrow[j] + c0 * kLanes;
     for (int v = 0; v < C; ++v) {
       const vfloat x = load(vj + v * kLanes);
-      for (int i = 0; i < R; ++i) r[i][v] += x * p[j * pj + i * pi];
+      for (int i = 0; i < R; ++i) r[i][v] = fma(x, splat(p[j * pj + i * pi]), r[i][v]);
     }
   }
   for (int i = 0; i < R; ++i)
