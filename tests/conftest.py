@@ -54,3 +54,29 @@ def block4(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("dflash-block4")
     save_dflash_checkpoint(DFlashDraftModel(config).init_weights(0), str(folder))
     return str(folder)
+
+
+
+def _cpu_info() -> tuple[str, set[str]]:
+    """(model name, flags) of the first CPU in /proc/cpuinfo; ("unknown", set()) elsewhere."""
+    info = {}
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+                if "model name" in info and "flags" in info:
+                    break
+    return info.get("model name", "unknown"), set(info.get("flags", "").split())
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The CPU the suite ran on and what the quantized kernels found there: the CPU kernels'
+    numbers depend on its instruction set."""
+    from tandem.model.quant import cpu_int8
+
+    name, flags = _cpu_info()
+    isa = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx")))) or "no AVX"
+    terminalreporter.write_line(
+        f"cpu: {name}; {isa}; torch {torch.__version__} dispatches {torch.backends.cpu.get_cpu_capability()}; "
+        f"int8 weights: {cpu_int8.weight_max() or cpu_int8.unusable()}")

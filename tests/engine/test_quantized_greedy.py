@@ -18,8 +18,6 @@ from tandem.shard.local_group import LocalShardGroup
 from .prompts import prompts
 from .test_losslessness import run_joining_midway
 
-pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason="torch without oneDNN")
-
 SLOTS, CONTEXT, MAX_TOKENS = 8, 256, 24
 PARAMS = SamplingParams(max_tokens=MAX_TOKENS)
 
@@ -44,6 +42,8 @@ def engine(loaded, g, drafter: str, **cfg) -> Engine:
 
 @pytest.fixture(scope="module")
 def int8_group(quantized):
+    if not cpu_int8.available():
+        pytest.skip(cpu_int8.unusable())
     return group(quantized, "int8")
 
 

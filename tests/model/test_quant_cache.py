@@ -18,7 +18,7 @@ from test_model_tensor_parallel import free_port
 from tiny_models import write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not (cpu_int4.available() and cpu_int8.available()),
-                                reason="torch without the CPU int4 / int8 kernels")
+                                reason="no int4 CPU kernel, or no exact int8 GEMM on this CPU")
 
 
 @pytest.fixture

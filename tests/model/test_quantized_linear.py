@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tandem.model import quant
-from tandem.model.quant import cpu_int4, cpu_int8
+from tandem.model.quant import QuantizedLinear, cpu_int4, cpu_int8
 
 torch.manual_seed(0)
 
@@ -22,22 +22,23 @@ def _int8_reference(kernel: cpu_int8.Int8CpuKernel, x: torch.Tensor) -> torch.Te
     return out + kernel.bias.double() if kernel.bias is not None else out
 
 
-@pytest.mark.skipif(not cpu_int8.available(), reason="torch without oneDNN")
+@pytest.mark.skipif(not cpu_int8.available(), reason="no exact int8 GEMM here")
 @pytest.mark.parametrize("smooth", [False, True])
-def test_int8_kernel_is_its_integer_definition(smooth):
-    w, b = torch.randn(96, 128), torch.randn(96)
-    amax = torch.rand(128) * 10 if smooth else None
+@pytest.mark.parametrize("rows, k", [(7, 128), (1, 576), (40, 576)])
+def test_int8_kernel_is_its_integer_definition(smooth, rows, k):
+    w, b = torch.randn(96, k), torch.randn(96)
+    x = torch.randn(rows, k) * (1 + 9 * torch.rand(k))  # channels of unlike sizes, as SmoothQuant expects
+    amax = x.abs().amax(0) if smooth else None
     kernel = cpu_int8.Int8CpuKernel(w, b, keep_weight=True, input_absmax=amax)
-    x = torch.randn(7, 128) * 3
     out = kernel(x)
-    assert out.shape == (7, 96) and out.dtype == torch.float32
+    assert out.shape == (rows, 96) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), _int8_reference(kernel, x), rtol=1e-5, atol=1e-4)
     # and close to the float product (8-bit-ish error, far below the outputs' size)
     rel = (out - (x @ w.t() + b)).norm() / (x @ w.t()).norm()
     assert rel < 0.05
 
 
-@pytest.mark.skipif(not cpu_int8.available(), reason="torch without oneDNN")
+@pytest.mark.skipif(not cpu_int8.available(), reason="no exact int8 GEMM here")
 def test_int8_weights_fit_the_cpus_exact_range():
     most = cpu_int8.weight_max()
     assert most in (63, 127)
@@ -108,3 +109,22 @@ def test_an_unsupported_gguf_type_is_refused_by_name(tmp_path):
 
     with pytest.raises(gguf_types.UnsupportedGGUFType, match="IQ2_XXS"):
         load_model(path, progress=False)
+
+
+def test_where_the_int8_gemm_is_not_exact_int8_is_refused_and_int4_keeps_a_float_head(monkeypatch):
+    from torch import nn
+
+    from tandem.model.config import ModelConfig
+    from tandem.model.llama import LlamaForCausalLM
+
+    monkeypatch.setattr(cpu_int8, "_weight_max", [0])  # as the probe finds where 7 bits saturate too
+    assert not cpu_int8.available() and "not exact on this CPU" in cpu_int8.unusable()
+    config = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    with pytest.raises(ValueError, match="quantization 'int8': oneDNN's int8 GEMM is not exact on this CPU"):
+        quant.quantize(model, "int8")
+    if not cpu_int4.available():
+        return
+    assert quant.quantize(model, "int4") > 0
+    assert type(model.lm_head) is nn.Linear and isinstance(model.model.layers[0].mlp.down_proj, QuantizedLinear)

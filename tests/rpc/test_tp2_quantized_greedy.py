@@ -15,7 +15,7 @@ from tandem.sampling_params import SamplingParams
 
 from test_tp2_greedy import PROMPTS
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not cpu_int8.available(), reason="torch without oneDNN")]
+pytestmark = pytest.mark.slow
 
 PARAMS = SamplingParams(max_tokens=24, temperature=0.0)
 
@@ -27,6 +27,8 @@ def config(drafter: str, method: str) -> EngineConfig:
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def tp2_quantized(request):
+    if request.param == "int8" and not cpu_int8.available():
+        pytest.skip(cpu_int8.unusable())
     spec = config("draft-model", request.param).shard_spec()
     group = GrpcShardGroup(spec, ProcessLauncher(2, threads_per_rank=1), deadline_s=120)
     yield group, request.param

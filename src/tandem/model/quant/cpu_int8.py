@@ -1,8 +1,11 @@
 """int8 weights x int8 activations on the CPU, through oneDNN (VNNI or AMX where the CPU has them).
 
-Weights: symmetric, one scale per output channel, 8 bits. On a CPU without VNNI (AVX2
-only), oneDNN multiplies u8 x s8 pairs into int16 (vpmaddubsw), which saturates for
-8-bit weights: there (found by a probe, not by CPU name) the weights take 7 bits.
+Weights: symmetric, one scale per output channel, 8 bits. On a CPU without VNNI, oneDNN
+multiplies u8 x s8 pairs into int16 (vpmaddubsw), which saturates for 8-bit weights; it
+picks its kernel by the GEMM's shape, so on some CPUs one shape saturates and another does
+not. A probe (not the CPU's name) multiplies known integers at many shapes: where 8-bit
+weights are not exact at all of them the weights take 7 bits, and where 7 bits are not
+exact either the int8 kernel is not offered (available() is False, unusable() says why).
 Activations: symmetric, one scale per row (absmax / 127), computed at every call, after
 SmoothQuant's per-channel division (calibrate.py) where the layer was calibrated.
 The GEMM accumulates in int32, exactly, and each row's scales are its own: a row's output
@@ -19,19 +22,65 @@ ACTIVATION_MAX = 127
 _weight_max: list[int] = []
 
 
-def available() -> bool:
+def _has_op() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
+def available() -> bool:
+    """oneDNN's int8 GEMM is in this torch and exact on this CPU (weight_max() > 0)."""
+    return _has_op() and weight_max() > 0
+
+
+def unusable() -> str | None:
+    """Why the int8 kernel is not offered here, or None where it is."""
+    if not _has_op():
+        return "this torch build lacks oneDNN's int8 GEMM"
+    if weight_max() == 0:
+        return ("oneDNN's int8 GEMM is not exact on this CPU even for 7-bit weights, so a row's "
+                "output would depend on the rows beside it")
+    return None
+
+
+# The shapes the probe multiplies at: row counts of a decode, a verify and a prefill chunk,
+# (in, out) sizes small and model-sized; oneDNN chooses its kernel by them.
+PROBE_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 40, 64)
+PROBE_SIZES = ((64, 16), (256, 16), (128, 96), (576, 96), (576, 960), (1536, 64))
+
+
+def _gemm(x: torch.Tensor, packed, scale: torch.Tensor) -> torch.Tensor:
+    zero_points = torch.zeros(scale.numel(), dtype=torch.int64)
+    return torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, scale, zero_points, None, 1.0, 0,
+                                             torch.float32, "none", [], "")
+
+
+def exact_for(most: int) -> bool:
+    """Whether the GEMM gives float32(float32(x @ w.T) * scale) exactly for weights in
+    [-most, most], at every probed shape. The values include the ones that saturate an int16
+    pair sum: rows of the largest codes, and small positive activations (a u8 just above 128)
+    against adjacent large weights of one sign, as SmoothQuant's scaled weights have."""
+    gen = torch.Generator().manual_seed(0)
+    for k, n in PROBE_SIZES:
+        w = torch.randint(-most, most + 1, (n, k), generator=gen, dtype=torch.int8)
+        w[0], w[1] = most, -most
+        w[2, 0::2], w[2, 1::2] = most, -most
+        scale = torch.rand(n, generator=gen) + 0.5
+        packed = torch.ops.onednn.qlinear_prepack(w, None)
+        for m in PROBE_ROWS:
+            x = torch.randint(-127, 128, (m, k), generator=gen, dtype=torch.int8)
+            x[0] = 127
+            x[m // 2, : k // 2] = 3
+            x[-1, k // 2:] = -127
+            want = ((x.double() @ w.double().t()).float() * scale)
+            if not torch.equal(_gemm(x, packed, scale), want):
+                return False
+    return True
+
+
 def weight_max() -> int:
-    """127 where oneDNN's int8 GEMM is exact for 8-bit weights on this CPU, else 63."""
+    """127 where oneDNN's int8 GEMM is exact for 8-bit weights on this CPU, 63 where only for
+    7-bit ones, 0 where for neither."""
     if not _weight_max:
-        w = torch.full((16, 256), 127, dtype=torch.int8)
-        x = torch.full((2, 256), 127, dtype=torch.int8)
-        out = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, torch.ops.onednn.qlinear_prepack(w, None),
-                                                 torch.ones(16), torch.zeros(16, dtype=torch.int64), None, 1.0, 0,
-                                                 torch.float32, "none", [], "")
-        _weight_max.append(127 if torch.all(out == 127 * 127 * 256) else 63)
+        _weight_max.append(next((most for most in (127, 63) if exact_for(most)), 0) if _has_op() else 0)
     return _weight_max[0]
 
 
