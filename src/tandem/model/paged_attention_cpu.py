@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCE = os.path.join(CSRC, "paged_attention_cpu.cpp")
 HEADERS = [os.path.join(CSRC, "paged_attention_cpu_tile.h")]
-CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-Wno-psabi"]
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-Wno-psabi"]
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "op": the loaded op, or "error": why it could not be built

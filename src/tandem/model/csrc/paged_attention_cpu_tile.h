@@ -7,9 +7,10 @@
 // Query rows lie across the lanes, S[j][row]: a key element broadcast against a vector
 // of (transposed) queries, no horizontal sums, d FMAs per key for up to kLanes rows. Each
 // lane's arithmetic is its own, so a row's result does not depend on the rows beside it.
-// The build turns the compiler's own contraction off (-ffp-contract=off): it fused a
-// multiply and an add in some unrolled or peeled copies of a loop and not in others, so
-// which rows shared a call changed a row's rounding. The FMAs are written out (fma()).
+// The scores' and the values' multiply-adds are FMAs written out (fma()): those loops have
+// several instantiations (8 keys or 1 a step, R rows or 1 a step) that the compiler's own
+// contraction fused differently, so a row's rounding changed with the rows and keys it
+// shared a call with.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +21,8 @@
 
 #if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 namespace paged_attention_cpu {
@@ -48,7 +51,7 @@ inline void store(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
 inline vfloat splat(float x) { return vfloat{} + x; }
 inline vfloat vmax(vfloat a, vfloat b) { return a > b ? a : b; }
 
-// a * b + c rounded once where the CPU has FMA; elsewhere twice, the same in every lane.
+// a * b + c rounded once (x86 FMA, AArch64); elsewhere as the compiler makes it.
 inline vfloat fma(vfloat a, vfloat b, vfloat c) {
 #if defined(__AVX512F__)
   return reinterpret_cast<vfloat>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
@@ -56,6 +59,9 @@ inline vfloat fma(vfloat a, vfloat b, vfloat c) {
 #elif defined(__FMA__)
   return reinterpret_cast<vfloat>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
                                                   reinterpret_cast<__m256>(c)));
+#elif defined(__aarch64__)
+  return reinterpret_cast<vfloat>(vfmaq_f32(reinterpret_cast<float32x4_t>(c), reinterpret_cast<float32x4_t>(a),
+                                            reinterpret_cast<float32x4_t>(b)));
 #else
   return a * b + c;
 #endif
@@ -68,15 +74,15 @@ inline vfloat exp_nonpositive(vfloat x) {
   const vint underflow = x < lo;
   x = underflow ? lo : x;
   const vfloat magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const vfloat n = fma(x, splat(1.44269504088896341f), magic) - magic;
-  const vfloat r = fma(n, splat(2.12194440e-4f), fma(n, splat(-0.693359375f), x));
+  const vfloat n = (x * 1.44269504088896341f + magic) - magic;
+  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
   vfloat p = splat(1.9875691500e-4f);
-  p = fma(p, r, splat(1.3981999507e-3f));
-  p = fma(p, r, splat(8.3334519073e-3f));
-  p = fma(p, r, splat(4.1665795894e-2f));
-  p = fma(p, r, splat(1.6666665459e-1f));
-  p = fma(p, r, splat(5.0000001201e-1f));
-  p = fma(p, r * r, r) + 1.0f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
   const vint two_n = (__builtin_convertvector(n, vint) + 127) << 23;
   const vfloat e = p * reinterpret_cast<const vfloat&>(two_n);
   return underflow ? splat(0.0f) : e;
@@ -137,7 +143,7 @@ inline void wide_softmax(int64_t key0, int64_t nj, const TileState& t) {
     }
     const vfloat alpha = exp_nonpositive(old - ref);
     store(t.alpha + lb, alpha);
-    store(t.l + lb, fma(load(t.l + lb), alpha, sum));
+    store(t.l + lb, load(t.l + lb) * alpha + sum);
     store(t.mx + lb, now);
   }
 }
