@@ -30,10 +30,12 @@ def run_joining_midway(engine, texts, params):
 
 @pytest.fixture(scope="module")
 def reference(make_engine):
-    """Target-only greedy outputs, one request at a time."""
+    """Target-only greedy outputs, all 16 requests in one batch: a row's output does not
+    depend on the rows beside it (test_model_forward's bitwise test), so this is each
+    request's greedy output alone."""
     engine = make_engine("none")
-    params = SamplingParams(max_tokens=MAX_TOKENS)
-    return {t: engine.generate([t], params)[0].token_ids for t in prompts(16)}
+    texts = prompts(16)
+    return {t: o.token_ids for t, o in zip(texts, engine.generate(texts, SamplingParams(max_tokens=MAX_TOKENS)))}
 
 
 def check_lossless(engine, batch, reference, label):
@@ -52,7 +54,7 @@ def test_ngram_greedy_output_equals_target_greedy(batch, make_engine, reference)
     assert sum(o.num_accepted_tokens for o in outs) > 0
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize("batch", [4, 16])
 def test_draft_model_greedy_output_equals_target_greedy(batch, make_engine, self_draft_group, weak_draft_group, truncated_draft_dir, reference):
     # a draft that is always right (every draft accepted, the drafter's KV runs ahead) ...
     engine = make_engine("draft-model", group=self_draft_group, draft_model="smollm2", adaptive=False)
@@ -71,7 +73,7 @@ def test_adaptive_speculation_keeps_greedy_output(make_engine, reference):
     assert [o.token_ids for o in outs] == [reference[t] for t in texts]
 
 
-@pytest.mark.parametrize("batch,budget", [(2, 256), (12, 256), (12, 40)])
+@pytest.mark.parametrize("batch,budget", [(2, 256), (12, 40)])
 def test_draft_model_turned_on_late_catches_up_and_keeps_greedy_output(batch, budget, make_engine, weak_draft_group,
                                                                        truncated_draft_dir, reference):
     """The drafter's KV is filled lazily: a sequence that starts drafting only after some

@@ -1,7 +1,7 @@
 """Two shard processes (tensor parallel 2 over gloo, driven over gRPC) serving the default
 model at int8 and at int4 (the CPU's default), each rank quantizing its own share: greedy
 speculation there equals greedy decoding of the same two-rank target, token for token,
-with the scheduler's n-gram drafter and the rank-side draft-model drafter, at batch 1 and 8."""
+with the scheduler's n-gram drafter and the rank-side draft-model drafter, at batch 8."""
 from __future__ import annotations
 
 import pytest
@@ -43,9 +43,11 @@ def run(group, model, drafter: str, batch: int, method: str):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("batch", [1, 8])
-def test_speculation_on_two_quantized_ranks_equals_their_greedy_decoding(batch, tp2_quantized, default_model):
+def test_speculation_on_two_quantized_ranks_equals_their_greedy_decoding(tp2_quantized, default_model):
+    """At batch 8: one sequence's verify rows beside seven others' (batch 1 on two ranks:
+    test_tp2_greedy.py, in float32)."""
     group, method = tp2_quantized
+    batch = 8
     want, _ = run(group, default_model, "none", batch, method)
     for drafter in ("ngram", "draft-model"):
         ids, drafted = run(group, default_model, drafter, batch, method)

@@ -41,11 +41,9 @@ def serve_app(replicas: int) -> int:
     use_direct_http(port, replicas)
     init_local_ray(log_to_driver=False)
     start_serve("127.0.0.1", port)
-    # health checks every 2 s: the lost engine's replica is replaced after three failed ones;
-    # float32, the exact path: the kept stream, batched with the lost one, must write the
-    # text LONG has alone (the CPU's quantized kernels pick by the batch's shape)
+    # health checks every 2 s: the lost engine's replica is replaced after three failed ones
     serve.run(build_app({"max_num_seqs": 4, "max_model_len": 256, "engine_actor_name": "lose-me",
-                         "ingress_replicas": replicas, "health_check_period_s": 2.0, "dtype": "float32"}),
+                         "ingress_replicas": replicas, "health_check_period_s": 2.0}),
               name="tandem", route_prefix="/", blocking=False)
     return port
 

@@ -22,11 +22,8 @@ import httpx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for polling
 from polling import wait_for  # noqa: E402
 
-# float32, the exact path: each replica's batches differ from the reference's, and the CPU's
-# quantized kernels (auto: int4 x bfloat16) pick by the batch's shape; health checks every
-# 2 s: the killed replica is replaced after three failed ones
-ENGINE = {"max_num_seqs": 8, "max_model_len": 1024, "rpc_deadline_s": 20.0, "dtype": "float32",
-          "health_check_period_s": 2.0}
+# health checks every 2 s: the killed replica is replaced after three failed ones
+ENGINE = {"max_num_seqs": 8, "max_model_len": 1024, "rpc_deadline_s": 20.0, "health_check_period_s": 2.0}
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Count to ten: 1, 2, 3,", "Once upon a time, a fox",
            "The three primary colours are", "Water boils at", "A haiku about the sea:", "import numpy as np\n"]
 PREFIX = ("You are a careful assistant for a library. The library opens at nine and closes at five. "
@@ -64,8 +61,7 @@ def reference(prompts: list[str], max_tokens: int) -> dict[str, str]:
     if key in _references:
         return _references[key]
     if "_embedded" not in globals():
-        _embedded = Engine.from_config(progress=False, model="smollm2", max_num_seqs=8, max_model_len=1024,
-                                       dtype=ENGINE["dtype"])
+        _embedded = Engine.from_config(progress=False, model="smollm2", max_num_seqs=8, max_model_len=1024)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     _references[key] = {p: o.text for p, o in zip(prompts, _embedded.generate(prompts, params))}
     return _references[key]
