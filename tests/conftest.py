@@ -56,7 +56,6 @@ def block4(tmp_path_factory) -> str:
     return str(folder)
 
 
-
 def _cpu_info() -> tuple[str, set[str]]:
     """(model name, flags) of the first CPU in /proc/cpuinfo; ("unknown", set()) elsewhere."""
     info = {}

@@ -50,7 +50,9 @@ def int8_group(quantized):
 @pytest.fixture(scope="module")
 def reference(quantized, int8_group):
     """The int8 target's own greedy outputs, the 8 requests in one batch (each row's output
-    is its own: test_a_rows_output_is_the_same_alone_or_in_a_batch)."""
+    is its own: tests/model's test_a_rows_output_is_the_same_alone_or_in_a_batch for the
+    linear layers, test_a_rows_output_is_bitwise_the_same_alone_or_beside_others for the
+    attention)."""
     texts = prompts(8)
     return {t: o.token_ids for t, o in zip(texts, engine(quantized, int8_group, "none").generate(texts, PARAMS))}
 
