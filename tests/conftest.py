@@ -78,4 +78,5 @@ def pytest_terminal_summary(terminalreporter):
     isa = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx")))) or "no AVX"
     terminalreporter.write_line(
         f"cpu: {name}; {isa}; torch {torch.__version__} dispatches {torch.backends.cpu.get_cpu_capability()}; "
-        f"int8 weights: {cpu_int8.weight_max() or cpu_int8.unusable()}")
+        f"int8 weights: {cpu_int8.weight_max() or cpu_int8.unusable()}; "
+        f"int8 dot products: {'yes' if cpu_int8.fast() else 'no (the int4 LM head stays float)'}")

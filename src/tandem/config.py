@@ -53,7 +53,7 @@ class EngineConfig:
     shards: int = option(1, "Target ranks: 1 = in this process, N > 1 = N local gRPC shard processes (tensor parallel).", ge=1, le=64)
     device: str = option("auto", "auto (a GPU when there is one), cpu, cuda.")
     dtype: Literal["auto", "float32", "bfloat16"] = option("auto", "Weights dtype: auto (bf16 on a GPU, float32 on the CPU), float32, bfloat16.")
-    quantization: Literal["auto", "none", "int8", "int4", "fp8"] = option("auto", "Quantized linear layers: auto (int4 on the CPU for weights that ship quantized, such as the default model's GGUF, unless dtype is float32; none otherwise), none, int8 (CPU: int8 weights and activations), int4 (CPU or GPU: int4 weights; on the CPU the LM head int8), fp8 (GPU: E4M3 weights and activations).")
+    quantization: Literal["auto", "none", "int8", "int4", "fp8"] = option("auto", "Quantized linear layers: auto (int4 on the CPU for weights that ship quantized, such as the default model's GGUF, unless dtype is float32; none otherwise), none, int8 (CPU: int8 weights and activations), int4 (CPU or GPU: int4 weights; on the CPU the LM head int8 where the CPU has VNNI or AMX, else float), fp8 (GPU: E4M3 weights and activations).")
     max_verify_failures: int = option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.", ge=1)
     ngram_max: int = option(4, "Longest n-gram the ngram drafter looks up in the context.", ge=1)
     ngram_min: int = option(1, "Shortest n-gram the ngram drafter looks up.", ge=1)

@@ -197,8 +197,12 @@ class Engine:
         """Whether this tick ends after its prefill. The sequences whose prefill completed
         send their first tokens now: their time to first token is their prefill, not
         prefill + the batch's verify. At most every other tick while others run, so a
-        steady stream of arrivals cannot hold them back."""
-        self._prefill_tick = bool(started) and not (self._prefill_tick and others_wait)
+        steady stream of arrivals cannot hold them back. Never with a sink: the first
+        tokens leave at the prefill anyway (_verify_running), and a tick of its own would
+        only hold the running streams back (a GPU burst's running ITL p99: 37 ms against
+        a tick p99 of 19)."""
+        self._prefill_tick = (bool(started) and not (self._prefill_tick and others_wait)
+                              and self.release.sink is None)
         return self._prefill_tick
 
     def _chunks_ride(self) -> bool:

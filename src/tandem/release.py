@@ -53,7 +53,10 @@ class OutputRelease:
         """The outputs due now straight to the sink (a prefill: every rank has replied)."""
         outs = self._build(self._due())
         if outs:
-            self.sink(outs)
+            try:
+                self.sink(outs)
+            except Exception:  # noqa: BLE001 - a consumer that failed loses its outputs, not the tick's verify
+                log.exception("the output sink failed")
 
     def flush(self) -> list[RequestOutput]:
         """The held outputs that no acknowledgement released yet (no command went out since,

@@ -91,11 +91,12 @@ def test_with_emit_a_first_token_leaves_before_the_verify_it_shares_a_tick_with(
     engine = make_engine("none", group=local_group, sink=emitted.extend, mixed_prefill=False)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     a = engine.add_request("Once upon a time", params)
-    engine.step()  # A's admission tick
+    engine.step()  # A's admission tick: it verifies A too (with a sink no tick only admits)
+    assert [(o.request_id, len(o.token_ids)) for o in emitted] == [(a, 1)]
     b = engine.add_request("The capital of France is", params)
     returned = engine.step()
-    assert [(o.request_id, len(o.token_ids)) for o in emitted] == [(b, 1)]
-    assert {o.request_id: len(o.token_ids) for o in returned} == {a: 2, b: 2}  # each one more, from the verify
+    assert [(o.request_id, len(o.token_ids)) for o in emitted] == [(a, 1), (b, 1)]
+    assert {o.request_id: len(o.token_ids) for o in returned} == {a: 3, b: 2}  # each one more, from the verify
     outs = emitted + returned
     while engine.has_unfinished():
         outs += engine.step()
@@ -110,11 +111,12 @@ def test_with_mixed_prefill_a_first_token_comes_from_the_verify_its_prompt_rode_
     engine = make_engine("none", group=local_group, sink=emitted.extend, mixed_prefill=True)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     a = engine.add_request("Once upon a time", params)
-    engine.step()  # A's admission tick
+    engine.step()  # A's admission tick, which verifies A too
+    assert [(o.request_id, len(o.token_ids)) for o in emitted] == [(a, 1)]
     b = engine.add_request("The capital of France is", params)
     returned = engine.step()
-    assert emitted == []
-    assert {o.request_id: len(o.token_ids) for o in returned} == {a: 2, b: 1}
+    assert len(emitted) == 1  # B's first token is not sent ahead: it comes from the verify
+    assert {o.request_id: len(o.token_ids) for o in returned} == {a: 3, b: 1}
     outs = list(returned)
     while engine.has_unfinished():
         outs += engine.step()

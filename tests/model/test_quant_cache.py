@@ -73,6 +73,9 @@ def test_a_second_load_reads_the_kernels_and_computes_the_same_bits(method, tiny
     read = quantized(tiny_gguf, method)
     assert packed_cache.stats["hits"] == before["hits"] + 1
     for a, b in zip(quant.linear_sites(built), quant.linear_sites(read)):
+        if a.fused is None and not isinstance(a.layers[0], quant.QuantizedLinear):  # int4's float head (cpu_int8.fast)
+            assert not isinstance(b.layers[0], quant.QuantizedLinear), a.key
+            continue
         kernel_a = a.fused.quantized if a.fused is not None else a.layers[0].kernel
         kernel_b = b.fused.quantized if b.fused is not None else b.layers[0].kernel
         state_a, state_b = kernel_a.state(), kernel_b.state()
@@ -81,7 +84,7 @@ def test_a_second_load_reads_the_kernels_and_computes_the_same_bits(method, tiny
     expected = logits_of(uncached)
     assert torch.equal(logits_of(built), expected)
     assert torch.equal(logits_of(read), expected)
-    assert torch.equal(read.lm_head.dequantized_weight(), uncached.lm_head.dequantized_weight())
+    assert torch.equal(quant.linear_weight(read.lm_head), quant.linear_weight(uncached.lm_head))
 
 
 def _truncate(path):

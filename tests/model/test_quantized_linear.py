@@ -128,3 +128,24 @@ def test_where_the_int8_gemm_is_not_exact_int8_is_refused_and_int4_keeps_a_float
         return
     assert quant.quantize(model, "int4") > 0
     assert type(model.lm_head) is nn.Linear and isinstance(model.model.layers[0].mlp.down_proj, QuantizedLinear)
+
+
+@pytest.mark.parametrize("dot_products", [True, False])
+def test_int4s_lm_head_is_int8_only_where_the_cpu_has_int8_dot_products(monkeypatch, dot_products):
+    from torch import nn
+
+    from tandem.model.config import ModelConfig
+    from tandem.model.llama import LlamaForCausalLM
+
+    if not (cpu_int4.available() and cpu_int8.available()):
+        pytest.skip("this torch build lacks the int4 or the int8 CPU kernel")
+    monkeypatch.setattr(cpu_int8, "fast", lambda: dot_products)
+    config = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    assert quant.quantize(model, "int4") > 0
+    assert isinstance(model.model.layers[0].mlp.down_proj, QuantizedLinear)
+    if dot_products:
+        assert isinstance(model.lm_head, QuantizedLinear) and model.lm_head.kernel.name == "int8"
+    else:
+        assert type(model.lm_head) is nn.Linear

@@ -121,3 +121,34 @@ def test_a_prefill_graph_gives_each_prompts_last_row_logits(tiny_model_dir):
     graphs = VerifyGraphs(model, graph_cache, CONTEXT, capture=False)
     out = graphs.forward(rows.flatten().tolist(), 3, 4, [TABLES[s][:1] for s in range(3)], [0, 0, 0], (), last_rows=last)
     torch.testing.assert_close(out.logits[:, 0], eager.logits[torch.arange(3), torch.tensor(last)], rtol=1e-5, atol=1e-5)
+
+
+def test_forwards_past_the_shortest_bucket_replay_the_deepest_graphs_captured_ahead(tiny_model_dir):
+    """The rest of a prompt whose 300-token prefix the cache holds, and then a verify after
+    it, reach the 512-position bucket, which has no graphs: the deepest bucket's graphs
+    serve both (their tables padded further) with the eager forward's logits, and nothing
+    is captured on live traffic."""
+    model = load_model(tiny_model_dir("qwen2"), progress=False).model
+    c = model.config
+
+    def cache():
+        return PagedKVCache(c.num_layers, 96, BLOCK, c.num_kv_heads, c.head_dim, model.dtype, "cpu", scratch_blocks=1)
+
+    gen = torch.Generator().manual_seed(11)
+    prefix, tail, verify = (torch.randint(256, (1, n), generator=gen) for n in (300, 3, 2))
+    table = list(range(80))
+    caches = cache(), cache()
+
+    def eager(rows, start):
+        return model(rows, torch.tensor([start], dtype=torch.int32), caches[0], torch.tensor([table], dtype=torch.int32))
+
+    eager(prefix, 0)
+    model(prefix, torch.tensor([0], dtype=torch.int32), caches[1], torch.tensor([table], dtype=torch.int32))
+    graphs = VerifyGraphs(model, caches[1], 1024, capture=False, max_rows=8)
+    added = graphs.capture_ahead(max_batch=2, max_k=2, row_budget=8, capture_layers=())
+    assert {key[2] for key in graphs.graphs} == {256, 1024}  # every shape at the shortest and the deepest
+    out = graphs.forward(tail[0].tolist() + [0], 1, 4, [table], [300], (), last_rows=[2])
+    torch.testing.assert_close(out.logits[0, 0], eager(tail, 300).logits[0, -1], rtol=1e-5, atol=1e-5)
+    out = graphs.forward(verify[0].tolist(), 1, 2, [table], [303], ())
+    torch.testing.assert_close(out.logits[0], eager(verify, 303).logits[0], rtol=1e-5, atol=1e-5)
+    assert len(graphs.graphs) == added

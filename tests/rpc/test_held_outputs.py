@@ -1,6 +1,7 @@
 """An engine with a sink (as the scheduler actor runs it) over real gRPC: a tick's
 outputs are held until the ranks acknowledge its verdicts, and leave through the sink from
-inside the next tick's first command, while that command runs on the rank. What that
+inside the next tick's first command, while that command runs on the rank (a prefill's
+first tokens leave as soon as it is done). What that
 must keep: every token in order, the text the embedded engine makes (stop strings and
 aborts included, the held outputs being built only then), and no token of a tick whose
 verdict a rank never took handed out as a success."""
@@ -26,8 +27,8 @@ def run(make_engine, inside: list[bool]) -> tuple[Engine, list]:
     left, whether by the sink or by step()."""
     timeline = []
 
-    def emit(outs):
-        inside.append(busy[0])
+    def emit(outs):  # a prefill's first tokens leave at once, held outputs inside a command
+        inside.append(busy[0] or all(o.delta_token_ids == o.token_ids for o in outs))
         timeline.extend(outs)
 
     busy = [False]

@@ -5,14 +5,17 @@ blocks of a power of two of at least MIN_CTX positions, captured layers), captur
 first time a verify of that bucket runs and replayed after. Few context buckets keep
 captures rare: a capture costs about as much as a few dozen replays. Padding rows and
 table entries name the cache's scratch block, and their outputs are dropped; the
-attention reads each sequence's own blocks only, up to its own positions. Prefills of prompts within the row budget have graphs of their own, padded
-to a power of two the same way, whose LM head runs on each prompt's last row only
-(ModelShard._graphed_prompts); a long prompt's chunks run eagerly.
+attention reads each sequence's own blocks only, up to its own positions. Prefills of
+prompts within the row budget have graphs of their own, padded to a power of two the same
+way, whose LM head runs on each prompt's last row only (ModelShard._graphed_prompts), and
+a long prompt's chunks run eagerly. A forward whose own bucket has no graph replays the
+nearest deeper bucket's, where one is captured.
 The outputs live in the graph's static buffers until its next replay: the shard reads
 them (picks, and the captured rows at commit) before its next verify.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tandem.model.cuda_graph import CapturedGraph, next_pow2
@@ -24,7 +27,7 @@ MIN_CTX = 256
 
 class VerifyGraphs:
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_model_len: int, *, max_rows: int = 256,
-                 max_graphs: int = 160, capture: bool = True):
+                 max_graphs: int = 192, capture: bool = True):
         if cache.scratch_block is None:
             raise ValueError("verify graphs need a KV cache with a scratch block (PagedKVCache(..., scratch_blocks=1))")
         self.model, self.cache = model, cache
@@ -51,19 +54,24 @@ class VerifyGraphs:
         key = (nb, k, cb, tuple(capture_layers), prompt)
         runner = self.graphs.get(key)
         if runner is None:
+            cb, runner = self._deeper_graph(key)
+        if runner is None:
             if len(self.graphs) >= self.max_graphs:
                 return None
             runner = self.graphs[key] = self._build(*key)
         # one host->device copy: row i = [its k tokens, its start position(, its last row),
-        # its block table padded with the scratch block]
-        pad, width, scratch = nb - n, cb // self.cache.block_size, self.cache.scratch_block
-        tail = [[last] for last in last_rows] if prompt else [[]] * n
-        host = torch.tensor(
-            [tokens[i * k : (i + 1) * k] + [start_pos[i]] + tail[i] + tables[i] + [scratch] * (width - len(tables[i]))
-             for i in range(n)]
-            + [[0] * k + [0] + [0] * prompt + [scratch] * width] * pad,
-            dtype=torch.long,
-        )
+        # its block table padded with the scratch block]; built in numpy, as a deep
+        # bucket's table of Python ints cost milliseconds a tick (64 x 2048 entries: 19 ms)
+        table_at, scratch = k + 1 + prompt, self.cache.scratch_block
+        host = np.full((nb, table_at + cb // self.cache.block_size), scratch, dtype=np.int64)
+        host[:, :table_at] = 0
+        host[:n, :k] = np.asarray(tokens, dtype=np.int64).reshape(n, k)
+        host[:n, k] = start_pos
+        if prompt:
+            host[:n, k + 1] = last_rows
+        for i, table in enumerate(tables):
+            host[i, table_at : table_at + len(table)] = table
+        host = torch.from_numpy(host)
         out = runner.run(host)
         return ModelOutput(logits=out.logits[:n], hidden={layer: h[:n] for layer, h in out.hidden.items()})
 
@@ -71,7 +79,8 @@ class VerifyGraphs:
         """Capture, before any request, the shapes a server meets first, at the shortest
         context bucket: every power-of-two batch up to max_batch sequences with 1..max_k
         rows each, within the row budget (verifies), and every power-of-two batch and
-        prompt width within max_rows (prefills: which batches arrive together is chance).
+        prompt width within max_rows (prefills: which batches arrive together is chance),
+        and all of them again at the deepest bucket.
         A capture on live traffic stalls every running stream (a few dozen replays' time
         each). Returns how many were captured."""
         self._drop_if_kernels_changed()
@@ -82,13 +91,29 @@ class VerifyGraphs:
                        if (nb // 2 + 1) * k <= row_budget and nb * k <= self.max_rows]  # some n padded to nb fits
         for k in _pow2_upto(min(self.max_rows, next_pow2(row_budget), self.max_model_len)):
             shapes += [(nb, k, True) for nb in _pow2_upto(next_pow2(max_batch)) if nb * k <= self.max_rows]  # prefills
+        keys = [(nb, k, self._bucket(k), layers, prompt) for nb, k, prompt in shapes]  # a prefill's, a first verify's
+        # and every shape at the deepest bucket too, which serves any deeper context than
+        # the shortest (_deeper_graph): sequences cross buckets as they grow, and the rest
+        # of a prompt whose prefix the cache holds starts deep (a shared system prompt's tail)
+        deepest = self._bucket(self.max_model_len)
+        keys += [(nb, k, deepest, layers, prompt) for nb, k, prompt in shapes if self._bucket(k) < deepest]
         added = 0
-        for nb, k, prompt in shapes:
-            key = (nb, k, self._bucket(k), layers, prompt)  # the shortest context: a prefill's, a first verify's
+        for key in keys:
             if key not in self.graphs and len(self.graphs) < self.max_graphs:
                 self.graphs[key] = self._build(*key)
                 added += 1
         return added
+
+    def _deeper_graph(self, key: tuple) -> tuple[int, CapturedGraph | None]:
+        """The graph of the same shape at the nearest deeper context bucket, and that
+        bucket: the attention reads each sequence's own positions only, so a table padded
+        further with the scratch block gives the same rows. A graph not captured ahead is
+        otherwise captured on live traffic, stalling every running stream."""
+        nb, k, cb, layers, prompt = key
+        deeper = [c for (n2, k2, c, l2, p2) in self.graphs if (n2, k2, l2, p2) == (nb, k, layers, prompt) and c > cb]
+        if not deeper:
+            return cb, None
+        return min(deeper), self.graphs[(nb, k, min(deeper), layers, prompt)]
 
     def _drop_if_kernels_changed(self) -> None:
         """A graph replays the kernels it was captured with: after model.fused_kernels

@@ -3,7 +3,7 @@
 Methods by device:
   cpu   int8  int8 weights (per channel; 7 bits where 8 are not exact) x int8 activations (per row), oneDNN
         int4  int4 weights (groups of 32) x bf16 activations, torch's CPU kernel;
-              the LM head int8
+              the LM head int8 where the CPU has VNNI or AMX, else float
   cuda  fp8   E4M3 weights (per channel) x E4M3 activations (per row), torch._scaled_mm
         int4  int4 weights (groups of 64) x bf16 activations, torch's tinygemm kernel
 `resolve(...)` turns the config's `quantization` ("auto", "none" or a method) into the
@@ -68,7 +68,8 @@ def quantize(model, method: str, tokenizer=None) -> int:
     fixed text: on a tensor-parallel model every rank must call this at once. With int4
     on the CPU the LM head takes int8 (as a GGUF ships it: Q8_0 beside Q4 layers): at 4 bits
     it alone moved the default model's mean KL against float32 from 0.005 to 0.03. Where
-    this CPU's int8 GEMM is not exact the head stays float.
+    this CPU's int8 GEMM is not exact, or has no int8 dot-product instructions, the head
+    stays float.
     The CPU kernels of a model the loader read are cached on disk (packed_cache): a later
     load of the same weights with the same method reads them instead, bit for bit."""
     if method == "none":
@@ -95,13 +96,16 @@ def quantize(model, method: str, tokenizer=None) -> int:
 
 def _int4_head(device: torch.device):
     """The LM head's kernel beside int4 layers on the CPU: int8, or None (the head stays
-    float) where this CPU's int8 GEMM is not exact."""
+    float) where this CPU's int8 GEMM is not exact, or slower than float32 (cpu_int8.fast)."""
     from tandem.model.quant import cpu_int8
 
-    if cpu_int8.available():
-        return cpu_int8.Int8CpuKernel
-    log.warning("int4: the LM head stays float: %s", cpu_int8.unusable())
-    return None
+    if not cpu_int8.available():
+        log.warning("int4: the LM head stays float: %s", cpu_int8.unusable())
+        return None
+    if not cpu_int8.fast():
+        log.info("int4: the LM head stays float: this CPU has no int8 dot-product instructions (VNNI, AMX)")
+        return None
+    return cpu_int8.Int8CpuKernel
 
 
 def build_kernels(model, sites, kernel, head_kernel, tokenizer) -> dict:
