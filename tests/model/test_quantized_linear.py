@@ -149,3 +149,12 @@ def test_int4s_lm_head_is_int8_only_where_the_cpu_has_int8_dot_products(monkeypa
         assert isinstance(model.lm_head, QuantizedLinear) and model.lm_head.kernel.name == "int8"
     else:
         assert type(model.lm_head) is nn.Linear
+
+
+def test_int8_on_a_cpu_without_int8_dot_products_warns_that_it_is_slow(monkeypatch, caplog):
+    if not cpu_int8.available():
+        pytest.skip(cpu_int8.unusable())
+    monkeypatch.setattr(cpu_int8, "fast", lambda: False)
+    with caplog.at_level("WARNING", logger="tandem.model"):
+        quant._kernel_class("int8", torch.device("cpu"))
+    assert "slower than float32" in caplog.text

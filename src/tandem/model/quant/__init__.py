@@ -51,6 +51,9 @@ def _kernel_class(method: str, device: torch.device):
             raise ValueError(f"quantization 'int8': {cpu_int8.unusable()}")
         if method == "int4" and not cpu_int4.available():
             raise ValueError("quantization 'int4': this torch build lacks its CPU kernel")
+        if method == "int8" and not cpu_int8.fast():
+            log.warning("quantization 'int8' on a CPU without int8 dot-product instructions (VNNI, AMX) runs "
+                        "slower than float32 (0.2-0.3x on an AVX2-only CPU); int4 or float32 is faster here")
         return cpu_int8.Int8CpuKernel if method == "int8" else cpu_int4.Int4CpuKernel
     from tandem.model.quant import cuda_fp8, cuda_int4
 
