@@ -111,17 +111,21 @@ def test_an_unsupported_gguf_type_is_refused_by_name(tmp_path):
         load_model(path, progress=False)
 
 
-def test_where_the_int8_gemm_is_not_exact_int8_is_refused_and_int4_keeps_a_float_head(monkeypatch):
-    from torch import nn
-
+def _tiny_llama():
     from tandem.model.config import ModelConfig
     from tandem.model.llama import LlamaForCausalLM
 
-    monkeypatch.setattr(cpu_int8, "_weight_max", [0])  # as the probe finds where 7 bits saturate too
-    assert not cpu_int8.available() and "not exact on this CPU" in cpu_int8.unusable()
     config = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=128)
-    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    return LlamaForCausalLM(config).eval().requires_grad_(False)
+
+
+def test_where_the_int8_gemm_is_not_exact_int8_is_refused_and_int4_keeps_a_float_head(monkeypatch):
+    from torch import nn
+
+    monkeypatch.setattr(cpu_int8, "_weight_max", [0])  # as the probe finds where 7 bits saturate too
+    assert not cpu_int8.available() and "not exact on this CPU" in cpu_int8.unusable()
+    model = _tiny_llama()
     with pytest.raises(ValueError, match="quantization 'int8': oneDNN's int8 GEMM is not exact on this CPU"):
         quant.quantize(model, "int8")
     if not cpu_int4.available():
@@ -134,15 +138,10 @@ def test_where_the_int8_gemm_is_not_exact_int8_is_refused_and_int4_keeps_a_float
 def test_int4s_lm_head_is_int8_only_where_the_cpu_has_int8_dot_products(monkeypatch, dot_products):
     from torch import nn
 
-    from tandem.model.config import ModelConfig
-    from tandem.model.llama import LlamaForCausalLM
-
     if not (cpu_int4.available() and cpu_int8.available()):
         pytest.skip("this torch build lacks the int4 or the int8 CPU kernel")
     monkeypatch.setattr(cpu_int8, "fast", lambda: dot_products)
-    config = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                         num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=128)
-    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    model = _tiny_llama()
     assert quant.quantize(model, "int4") > 0
     assert isinstance(model.model.layers[0].mlp.down_proj, QuantizedLinear)
     if dot_products:

@@ -37,6 +37,7 @@ class VerifyGraphs:
         self.capture = capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple, CapturedGraph] = {}
+        self._deeper: dict[tuple, int] = {}  # key -> the deeper bucket whose graph serves it (_deeper_graph)
         self.fused_kernels = getattr(model, "fused_kernels", None)  # what the graphs were captured with
         self.device = next(model.parameters()).device
 
@@ -110,10 +111,13 @@ class VerifyGraphs:
         further with the scratch block gives the same rows. A graph not captured ahead is
         otherwise captured on live traffic, stalling every running stream."""
         nb, k, cb, layers, prompt = key
-        deeper = [c for (n2, k2, c, l2, p2) in self.graphs if (n2, k2, l2, p2) == (nb, k, layers, prompt) and c > cb]
-        if not deeper:
-            return cb, None
-        return min(deeper), self.graphs[(nb, k, min(deeper), layers, prompt)]
+        bucket = self._deeper.get(key)
+        if bucket is None:  # looked up once a key: every tick at that bucket asks again
+            deeper = [c for (n2, k2, c, l2, p2) in self.graphs if (n2, k2, l2, p2) == (nb, k, layers, prompt) and c > cb]
+            if not deeper:
+                return cb, None
+            bucket = self._deeper[key] = min(deeper)
+        return bucket, self.graphs[(nb, k, bucket, layers, prompt)]
 
     def _drop_if_kernels_changed(self) -> None:
         """A graph replays the kernels it was captured with: after model.fused_kernels
@@ -122,6 +126,7 @@ class VerifyGraphs:
         fused = getattr(self.model, "fused_kernels", None)
         if fused != self.fused_kernels:
             self.graphs.clear()
+            self._deeper.clear()
             if self.capture:
                 self.pool = torch.cuda.graph_pool_handle()
             self.fused_kernels = fused

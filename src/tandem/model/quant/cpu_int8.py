@@ -20,6 +20,7 @@ from tandem.model.quant.calibrate import smoothing
 
 ACTIVATION_MAX = 127
 _weight_max: list[int] = []
+_fast: list[bool] = []
 
 
 def _has_op() -> bool:
@@ -36,12 +37,13 @@ def fast() -> bool:
     taken to). Without them oneDNN's int8 GEMM is slower than float32: the default model's
     LM head at one row took 27 ms against 7.7 on an AMD EPYC with AVX2 only. From the CPU's
     flags, not a timing: a choice that changes the text must not change with the load."""
-    from tandem.model.paged_attention_cpu import cpu_flags
+    if not _fast:  # read once a process
+        from tandem.model.paged_attention_cpu import cpu_flags
 
-    flags = cpu_flags().split()
-    if not flags or flags[0] not in ("x86_64", "AMD64", "i686"):
-        return True
-    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
+        flags = cpu_flags().split()
+        x86 = bool(flags) and flags[0] in ("x86_64", "AMD64", "i686")
+        _fast.append(not x86 or bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags)))
+    return _fast[0]
 
 
 def unusable() -> str | None:
