@@ -15,9 +15,9 @@ Parts:
   same length, so the timed prefill finds nothing in the prefix cache).
 - burst: 64 requests arriving as a Poisson process (prompts of 256-1024 tokens, 128 tokens
   out): time to first token, the gaps between a stream's tokens and the ticks, p50 and
-  p99, with prefill ticks of their own (chunks of 2048, the default on a graphed GPU rank,
-  512 and 256), with mixed prefill (chunks of 512 or 256 riding on the running verifies),
-  and with whole-prompt prefills.
+  p99, with prefills of their own bounded by prefill_stall (1.5, the default, 1.0, 3.0),
+  with no stall bound (chunks of 2048, of 512), with mixed prefill (chunks of 512 riding
+  on the running verifies), and with whole-prompt prefills.
 - spec: a synthetic drafter whose drafts are the target's own future greedy tokens, each
   kept with probability alpha (0.6, 0.8), 4 drafts, at batch 1, 8, 32: tokens/s against no
   speculation, with the adaptive rule off and on.
@@ -168,12 +168,13 @@ def part_burst(group, loaded, rate: float) -> dict:
         arrivals.append(arrivals[-1] + rng.expovariate(rate))
     out, rows = {}, []
     # two rounds in turns, the second kept: the first pays one-off costs (kernels for new shapes)
-    modes = [("prefill ticks of 2048 (default)", {}),
+    modes = [("prefill stall 1.5 (default)", {}),
+             ("prefill stall 1.0", {"prefill_stall": 1.0}),
+             ("prefill stall 3.0", {"prefill_stall": 3.0}),
+             ("prefill ticks of 2048, no stall bound", {"prefill_stall": 0}),
+             ("prefill ticks of 512, no stall bound", {"prefill_stall": 0, "max_prefill_tokens": 512}),
              ("mixed: chunks of 512 ride on verifies", {"mixed_prefill": True}),
-             ("mixed, chunks of 256", {"mixed_prefill": True, "max_prefill_tokens": 256}),
-             ("prefill ticks of 256", {"mixed_prefill": False, "max_prefill_tokens": 256}),
-             ("prefill ticks of 512", {"mixed_prefill": False, "max_prefill_tokens": 512}),
-             ("whole prompts", {"mixed_prefill": False, "max_prefill_tokens": 1 << 30})]
+             ("whole prompts", {"prefill_stall": 0, "max_prefill_tokens": 1 << 30})]
     for round_, (label, options) in enumerate(modes * 2):
         engine = engine_on(group, loaded, **options)
         params = SamplingParams(max_tokens=128, ignore_eos=True)

@@ -33,6 +33,7 @@ from tandem.kv import KVBlockManager
 from tandem.metrics import EngineMetrics
 from tandem.output_tracker import OutputTracker
 from tandem.outputs import RequestOutput
+from tandem.prefill_budget import stall_budget
 from tandem.prefill_work import PrefillWork
 from tandem.release import OutputRelease, Sink
 from tandem.sampling_params import SamplingParams
@@ -182,7 +183,7 @@ class Engine:
                 started = self.prefills.run([c for c in chunks if c[0].scores_prompt])  # every row's logits: apart
                 self._verify_running(started, [c for c in chunks if not c[0].scores_prompt])
             else:
-                started = self.prefills.run(self.scheduler.prefill_chunks())
+                started = self.prefills.run(self.scheduler.prefill_chunks(self._prefill_budget()))
                 if not self._prefill_only(started, others_wait):
                     self._verify_running(started)
             self.metrics.record_scheduler(self.scheduler)
@@ -203,6 +204,13 @@ class Engine:
         self._prefill_tick = (bool(started) and not (self._prefill_tick and others_wait)
                               and self.release.sink is None)
         return self._prefill_tick
+
+    def _prefill_budget(self) -> int | None:
+        """Prompt tokens this tick may prefill apart: bounded by config.prefill_stall while
+        sequences wait to verify (tandem.prefill_budget)."""
+        rows = sum(1 + len(s.drafts) for s in self.scheduler.running
+                   if not s.finished and s.request_id not in self.scheduler.prefilling)
+        return stall_budget(self.ctx.cost, rows, self.config.prefill_stall, self.group.limits.row_budget)
 
     def _chunks_ride(self) -> bool:
         """Whether this tick's prompt chunks ride on a verify (config.mixed_prefill): some

@@ -93,3 +93,32 @@ def test_running_streams_decode_while_a_long_prompt_is_prefilled(make_engine):
         grew += len(engine.requests[runner].output_ids) > before
     # ~100 prompt tokens at 32 a tick: several ticks of chunks, the runner decoding in them
     assert grew >= 2
+
+
+def test_while_streams_run_a_stall_bound_prefills_a_long_prompt_a_block_a_tick(make_engine, unchunked):
+    # mixed_prefill off: the chunks go in prefills of their own, which prefill_stall bounds
+    engine = make_engine("ngram", mixed_prefill=False, prefill_stall=1e-9)
+    runner = engine.add_request(SHORT[0], SamplingParams(max_tokens=40, ignore_eos=True))
+    while len(engine.requests[runner].output_ids) < 4:
+        engine.step()  # alone, its prompt prefilled at full width; then verifies measured
+    long_id = engine.add_request(LONG, GREEDY)
+    ticks = 0
+    while not engine.requests[long_id].output_ids:
+        engine.step()
+        ticks += 1
+    # a budget far under a block still moves the prompt on by one block (16 positions) a tick
+    assert ticks >= len(engine.requests[long_id].prompt_ids) // 16
+    final = None
+    while final is None:
+        final = next((o.token_ids for o in engine.step() if o.request_id == long_id and o.finished), None)
+    assert final == unchunked[LONG]
+
+
+def test_with_no_stall_bound_a_long_prompt_prefills_in_one_tick_beside_running_streams(make_engine):
+    engine = make_engine("ngram", mixed_prefill=False, prefill_stall=0)
+    runner = engine.add_request(SHORT[0], SamplingParams(max_tokens=40, ignore_eos=True))
+    while not engine.requests[runner].output_ids:
+        engine.step()
+    long_id = engine.add_request(LONG, GREEDY)
+    engine.step()
+    assert engine.requests[long_id].output_ids
