@@ -15,7 +15,7 @@ Parts:
   same length, so the timed prefill finds nothing in the prefix cache).
 - burst: 64 requests arriving as a Poisson process (prompts of 256-1024 tokens, 128 tokens
   out): time to first token, the gaps between a stream's tokens and the ticks, p50 and
-  p99, with prefills of their own bounded by prefill_stall (1.5, the default, 1.0, 3.0),
+  p99, with prefills of their own bounded by prefill_stall (1.0, the default, and 1.5),
   with no stall bound (chunks of 2048, of 512), with mixed prefill (chunks of 512 riding
   on the running verifies), and with whole-prompt prefills.
 - spec: a synthetic drafter whose drafts are the target's own future greedy tokens, each
@@ -168,9 +168,8 @@ def part_burst(group, loaded, rate: float) -> dict:
         arrivals.append(arrivals[-1] + rng.expovariate(rate))
     out, rows = {}, []
     # two rounds in turns, the second kept: the first pays one-off costs (kernels for new shapes)
-    modes = [("prefill stall 1.5 (default)", {}),
-             ("prefill stall 1.0", {"prefill_stall": 1.0}),
-             ("prefill stall 3.0", {"prefill_stall": 3.0}),
+    modes = [("prefill stall 1.0 (default)", {}),
+             ("prefill stall 1.5", {"prefill_stall": 1.5}),
              ("prefill ticks of 2048, no stall bound", {"prefill_stall": 0}),
              ("prefill ticks of 512, no stall bound", {"prefill_stall": 0, "max_prefill_tokens": 512}),
              ("mixed: chunks of 512 ride on verifies", {"mixed_prefill": True}),

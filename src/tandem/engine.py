@@ -206,10 +206,18 @@ class Engine:
         return self._prefill_tick
 
     def _prefill_budget(self) -> int | None:
-        """Prompt tokens this tick may prefill apart: bounded by config.prefill_stall while
-        sequences wait to verify (tandem.prefill_budget)."""
-        rows = sum(1 + len(s.drafts) for s in self.scheduler.running
-                   if not s.finished and s.request_id not in self.scheduler.prefilling)
+        """Prompt tokens this tick may prefill apart: bounded by config.prefill_stall where
+        some sequence ready to verify was already streaming when the oldest prompt waiting
+        for its prefill arrived (tandem.prefill_budget). Prompts sent with the streams
+        running (a batch sent at once) are what that wave waits for anyway: full width."""
+        pending = self.scheduler.pending_prefill()
+        if not pending:
+            return None
+        since = min(s.arrival for s in pending)
+        ready = [s for s in self.scheduler.running if not s.finished and s.request_id not in self.scheduler.prefilling]
+        if not any(s.first_token_time is not None and s.first_token_time < since for s in ready):
+            return None
+        rows = sum(1 + len(s.drafts) for s in ready)
         return stall_budget(self.ctx.cost, rows, self.config.prefill_stall, self.group.limits.row_budget)
 
     def _chunks_ride(self) -> bool:

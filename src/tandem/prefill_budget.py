@@ -1,8 +1,9 @@
 """How many prompt tokens a tick may prefill in a forward of their own while sequences run
 (config.prefill_stall): the running streams wait for that prefill, so its cost, priced by
 the measured costs (tandem.adaptive.BatchCostModel), is held to `stall` times the verify
-forward they run anyway. Their inter-token gap then grows by at most about 1 + stall under
-a burst of new prompts, whatever the model and the hardware.
+forward they run anyway. Their inter-token gap then grows about 1 + stall times under a
+burst of new prompts, whatever the model and the hardware. The price is the cheapest row
+seen, so a chunk padded to a CUDA graph's wider shape costs more than priced.
 """
 from __future__ import annotations
 

@@ -122,3 +122,17 @@ def test_with_no_stall_bound_a_long_prompt_prefills_in_one_tick_beside_running_s
     long_id = engine.add_request(LONG, GREEDY)
     engine.step()
     assert engine.requests[long_id].output_ids
+
+
+def test_prompts_sent_with_the_running_streams_are_prefilled_at_full_width(make_engine):
+    # sent together, the batch's later prompts are what its first streams wait for anyway:
+    # no stall bound (it would move the long prompt on one block a tick once costs are measured)
+    engine = make_engine("ngram", mixed_prefill=False, prefill_stall=1e-9, max_prefill_tokens=40)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True)) for p in SHORT] + \
+        [engine.add_request(LONG * 3, GREEDY)]
+    ticks = 0
+    while not engine.requests[ids[-1]].output_ids:
+        engine.step()
+        ticks += 1
+    assert engine.requests[ids[0]].output_ids  # the short prompts streamed meanwhile
+    assert ticks <= -(-len(engine.requests[ids[-1]].prompt_ids) // 32) + 1  # chunks of 32, not 16
