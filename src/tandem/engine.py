@@ -210,7 +210,7 @@ class Engine:
         some sequence ready to verify was already streaming when the oldest prompt waiting
         for its prefill arrived (tandem.prefill_budget). Prompts sent with the streams
         running (a batch sent at once) are what that wave waits for anyway: full width."""
-        pending = self.scheduler.pending_prefill()
+        pending = self.scheduler.pending_prefill() if self.config.prefill_stall > 0 else []
         if not pending:
             return None
         since = min(s.arrival for s in pending)
