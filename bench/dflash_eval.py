@@ -10,6 +10,7 @@ verify batches of another shape may round close calls the other way).
   python bench/dflash_eval.py --device cpu --max-tokens 64 --threads 2       # shipped weights
   python bench/dflash_eval.py --dflash-checkpoint DIR --drafters dflash,ngram
   python bench/dflash_eval.py --device cuda --drafters dflash,dflash:NEWDIR,ngram   # before / after
+  python bench/dflash_eval.py --drafters dflash+copy0,dflash,ngram   # without / with the lookup of copies
 The table comes first; the last line is one JSON object.
 """
 from __future__ import annotations
@@ -49,7 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", help="float32 (default, for the identity check), bfloat16 or auto")
     ap.add_argument("--model", default=None)
     ap.add_argument("--drafters", default="dflash",
-                    help="comma-separated (dflash:DIR for those weights); no-spec always runs first")
+                    help="comma-separated (dflash:DIR for those weights, dflash+copy3 for copy_min_ngram 3, dflash+copy0 "
+                         "for the model's drafts alone); "
+                         "no-spec always runs first")
     ap.add_argument("--dflash-checkpoint", default=None, help="default: the shipped weights")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -65,13 +68,14 @@ def main(argv=None) -> int:
     outs, secs, tokenizer = {}, {}, None
     for drafter in ["none"] + [d for d in args.drafters.split(",") if d != "none"]:
         name, _, ckpt = drafter.partition(":")  # dflash:DIR: those weights
+        name, _, copy = name.partition("+copy")  # dflash+copy3: copy_min_ngram 3
         gamma = args.block_size - 1 if name == "dflash" else 4
         # no prefix cache for any drafter: DFlash runs without one (it drafts from the
         # target's rows of the whole prompt), so every run prefills its prompts alike
         config = EngineConfig(model=args.model, drafter=name, dflash_checkpoint=ckpt or args.dflash_checkpoint,
                               device=args.device, dtype=args.dtype, max_num_seqs=args.batch, max_model_len=1024,
                               row_budget=1024, adaptive=False, num_speculative_tokens=gamma,
-                              enable_prefix_caching=False)
+                              enable_prefix_caching=False, copy_min_ngram=int(copy) if copy else None)
         engine = Engine.from_config(config, progress=False)
         tokenizer = engine.tokenizer
         texts = [render(tokenizer, e) for e in entries]

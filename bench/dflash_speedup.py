@@ -22,7 +22,8 @@ states its acceptance target; "eval" is the evaluation set of bench/dflash_eval_
 (120 general prompts of eight kinds, chat and raw completions, written apart from every
 training source), interleaved by kind.
 
-Drafter "dflash-eager" is dflash with its CUDA graphs off (TANDEM_DFLASH_CUDA_GRAPHS=0).
+Drafter "dflash-eager" is dflash with its CUDA graphs off (TANDEM_DFLASH_CUDA_GRAPHS=0);
+"dflash+copyN" runs it with copy_min_ngram N ("dflash+copy0": the model's drafts alone).
 Besides tokens/s each row reports the mean milliseconds of an engine tick (a verify
 round), of its verify forward and of its propose. The table comes first; the last line
 is one JSON object with every row.
@@ -171,14 +172,15 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
 
     prompts = PROMPTS if prompts is None else prompts
     slots = max(batches)
-    engine_drafter = "dflash" if drafter.startswith("dflash") else drafter
-    os.environ["TANDEM_DFLASH_CUDA_GRAPHS"] = "0" if drafter == "dflash-eager" else "1"
+    drafter_name, _, copy = drafter.partition("+copy")  # dflash+copy2: copy_min_ngram 2
+    engine_drafter = "dflash" if drafter.startswith("dflash") else drafter_name
+    os.environ["TANDEM_DFLASH_CUDA_GRAPHS"] = "0" if drafter_name == "dflash-eager" else "1"
     # no prefix cache for any drafter: DFlash runs without one (it drafts from the target's
     # rows of the whole prompt), so every drafter's runs prefill their prompts alike
     config = EngineConfig(model=model, drafter=engine_drafter, dflash_checkpoint=dflash_checkpoint, max_num_seqs=slots,
                           max_model_len=1024, row_budget=max(256, slots * 16), device=device, dtype=dtype,
-                          num_speculative_tokens=DEFAULT_GAMMA.get(drafter, 4) if gamma is None else gamma,
-                          adaptive=adaptive, enable_prefix_caching=False)
+                          num_speculative_tokens=DEFAULT_GAMMA.get(drafter_name, 4) if gamma is None else gamma,
+                          adaptive=adaptive, enable_prefix_caching=False, copy_min_ngram=int(copy) if copy else None)
     if synthetic:
         dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         dt = {"auto": torch.bfloat16 if dev.startswith("cuda") else torch.float32, "float32": torch.float32,

@@ -58,6 +58,7 @@ class EngineConfig:
     max_verify_failures: int = option(3, "Tries of a verify that failed in an in-process rank without advancing anything (retried next tick) before its batch ends with finish_reason 'error'.", ge=1)
     ngram_max: int = option(4, "Longest n-gram the ngram drafter looks up in the context.", ge=1)
     ngram_min: int = option(1, "Shortest n-gram the ngram drafter looks up.", ge=1)
+    copy_min_ngram: int | None = option(None, "With a model drafter: a sequence whose last copy_min_ngram tokens recur earlier in its context drafts what followed them there (n-gram prompt lookup, matching up to ngram_max tokens), the model the rest of the batch; where outputs copy their context (rewrites, translations, code and passages quoted back) the copy is the better draft. 0: the model drafts every sequence. None = 2 with drafter='dflash', 0 with 'draft-model'.", ge=0)
     cuda_graphs: bool = env_option("TANDEM_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the target's verify and prefill forwards on one GPU rank (a tensor-parallel target always runs eagerly). Default: on unless TANDEM_CUDA_GRAPHS=0.")
     dflash_cuda_graphs: bool = env_option("TANDEM_DFLASH_CUDA_GRAPHS", _on_unless_zero, "CUDA graphs for the DFlash drafter's forwards. Default: on unless TANDEM_DFLASH_CUDA_GRAPHS=0.")
     dflash_dtype: str | None = env_option("TANDEM_DFLASH_DTYPE", lambda v: v or None, "The DFlash drafter's dtype (float32, bfloat16); None = the target's (bf16 beside a float32 target on a CPU with bf16 matmuls). Default: TANDEM_DFLASH_DTYPE.")
@@ -66,6 +67,8 @@ class EngineConfig:
         kind = drafter_kind(self.drafter)
         if kind.needs_draft_model and not self.draft_model:
             raise InvalidRequestError("draft_model", f"drafter {kind.name!r} needs a draft model")
+        if self.copy_min_ngram and not kind.on_rank:
+            raise InvalidRequestError("copy_min_ngram", f"applies to a model drafter (draft-model, dflash), not {kind.name!r}")
         self._resolve_speculative_tokens()
         for f in fields(self):
             check_bounds(f, getattr(self, f.name))

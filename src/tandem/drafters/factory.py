@@ -8,7 +8,8 @@ from tandem.shard.commands import RankDrafterInfo
 
 def build_drafter(config, group):
     """The scheduler-side drafter of an EngineConfig (None for "none"): the n-gram drafter,
-    or the proxy of a rank-side one, which the group's ranks must carry."""
+    or the proxy of a rank-side one, which the group's ranks must carry (behind prompt
+    lookup with copy_min_ngram)."""
     kind = drafter_kind(config.drafter)
     if kind.runs == "nowhere":
         return None
@@ -20,7 +21,13 @@ def build_drafter(config, group):
         raise ValueError(f"drafter {kind.name!r} needs shard ranks built with it; the group has {group.limits.drafter!r}")
     from tandem.drafters.rank_proxy import RankDrafterProxy
 
-    return RankDrafterProxy(group, kind.name, whole_blocks=kind.whole_blocks)
+    proxy = RankDrafterProxy(group, kind.name, whole_blocks=kind.whole_blocks)
+    copy_min = kind.copy_min_ngram if config.copy_min_ngram is None else config.copy_min_ngram
+    if not copy_min:
+        return proxy
+    from tandem.drafters.copy_first import CopyFirstDrafter
+
+    return CopyFirstDrafter(proxy, min_match=copy_min, max_match=config.ngram_max)
 
 
 def rank_drafter_info(spec, drafter) -> RankDrafterInfo:

@@ -20,6 +20,8 @@ class DrafterKind:
     # (model, checkpoint) -> (its absolute folder, the most drafts it gives a round), for a
     # drafter whose checkpoint caps its drafts; InvalidRequestError naming the field otherwise
     checkpoint: Callable[[str | None, str | None], tuple[str, int]] | None = None
+    # copy_min_ngram when the config leaves it None (a model drafter's lookup of copies)
+    copy_min_ngram: int = 0
 
     @property
     def on_rank(self) -> bool:
@@ -64,7 +66,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("none", runs="nowhere"),
     DrafterKind("ngram", runs="scheduler"),
     DrafterKind("draft-model", runs="rank", needs_draft_model=True),
-    DrafterKind("dflash", runs="rank", whole_blocks=True, checkpoint=_dflash_drafts),
+    DrafterKind("dflash", runs="rank", whole_blocks=True, checkpoint=_dflash_drafts, copy_min_ngram=2),
 )}
 DRAFTERS = tuple(DRAFTER_KINDS)
 DrafterName = Literal[DRAFTERS]  # a config's drafter field: the CLI's choices, the served args' check

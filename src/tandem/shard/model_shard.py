@@ -222,6 +222,8 @@ class ModelShard:
             raise ShapeError("1<=word<=k", f"words {verdict.words} for k={p.cmd.k}")
         self.pending = None
         if verdict.failed:
+            for slot in p.cmd.slots:  # the next round's drafts, whoever makes them, are not these
+                self._drafts.pop(slot, None)
             return  # no rank advances: the rows stay past each slot's length, unused
         k = p.cmd.k
         for i, (slot, start, w) in enumerate(zip(p.cmd.slots, p.cmd.start_pos, verdict.words)):
