@@ -1,6 +1,7 @@
 """copy_min_ngram: a model drafter whose sequences draft by prompt lookup where their last
 tokens recur. Greedy output stays the target's own; the lookup and the model each draft
-the sequences they should; the option is refused beside a drafter with no model."""
+the sequences they should (a constrained one: the model, under its grammar); the option
+is refused beside a drafter with no model."""
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,7 @@ def engine_of(shard, drafter: str, batch: int, **cfg) -> Engine:
 
 @pytest.mark.parametrize("batch", [1, 4, SLOTS])
 def test_copy_first_keeps_greedy_output_exact_and_both_sources_draft(batch, target):
-    prompts = copying_prompts(batch if batch > 1 else 2, seed=40 + batch)[: max(batch, 2)]
+    prompts = copying_prompts(max(batch, 2), seed=40 + batch)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     want = [o.token_ids for o in engine_of(tiny_shard(target, None), "none", SLOTS).generate(prompts, params)]
     shard = tiny_shard(target, random_dflash(seed=7))
@@ -81,8 +82,35 @@ def test_the_lookup_drafts_where_the_last_tokens_recur_and_the_model_the_rest_in
     assert drafter.propose([copying], [2]) == [[8, 9]] and model.asked == [["short", "fresh"]]
 
 
+def test_a_constrained_sequence_keeps_the_models_drafts_made_under_its_grammar():
+    model = RecordingDrafter()
+    drafter = CopyFirstDrafter(model, min_match=2, max_match=4)
+    constrained = seq("json", [5, 6, 7, 8, 9, 5, 6])  # "5 6" recurs, but a copy could break the grammar
+    constrained.grammar = object()
+    assert drafter.propose([constrained], [3]) == [[VOCAB - 2] * 3]
+    assert model.asked == [["json"]] and drafter.copied_rounds == 0
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "none"])
 def test_copy_min_ngram_beside_a_drafter_with_no_model_is_refused_by_name(drafter):
     with pytest.raises(InvalidRequestError) as e:
         EngineConfig(drafter=drafter, copy_min_ngram=3)
     assert e.value.field == "copy_min_ngram" and drafter in str(e.value)
+
+
+def test_the_rank_gives_drafts_it_did_not_propose_a_one_hot_q_and_forgets_its_own_on_a_failed_verdict(target):
+    """Sampling stays lossless when the lookup drafts: the rank's q covers only its own drafts."""
+    from slot_blocks import prefill_item, verify_batch
+    from tandem.shard.commands import ProposeBatch, SamplingSpec, failed_verdict
+
+    shard = tiny_shard(target, random_dflash(seed=3))
+    prompt = random_prompts(1, seed=9)[0]
+    (last,) = shard.prefill([prefill_item(0, prompt)]).next_tokens
+    spec = SamplingSpec(temperature=0.9, seed=5)
+    (own,) = shard.propose(ProposeBatch(slots=[0], last_tokens=[last], positions=[len(prompt)], num_drafts=[4],
+                                        sampling=[spec])).drafts
+    copy = [(t + 1) % (VOCAB - 1) for t in own]  # what a lookup could have drafted instead
+    assert shard._draft_probs(0, own) is not None and shard._draft_probs(0, copy) is None
+    shard.verify(verify_batch(1, 1, 5, [0], [len(prompt)], [last, *own]))
+    shard.commit(failed_verdict(1, 1))
+    assert shard._draft_probs(0, own) is None, "q of drafts from before a failed verdict outlived it"

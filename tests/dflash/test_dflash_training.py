@@ -95,7 +95,8 @@ def test_the_walked_offline_acceptance_is_the_engines_acceptance(target):
     shard = tiny_shard(target, draft)
     engine = Engine(LocalShardGroup(shard), DigitsTokenizer(), eos_token_ids=(),
                     config=EngineConfig(drafter="dflash", max_num_seqs=6, max_model_len=shard.limits.max_model_len,
-                                        row_budget=shard.rules.row_budget, num_speculative_tokens=B - 1, adaptive=False))
+                                        row_budget=shard.rules.row_budget, num_speculative_tokens=B - 1, adaptive=False,
+                                        copy_min_ngram=0))  # the walk is of the model's own drafts
     outs = engine.generate(prompts, SamplingParams(max_tokens=max_new))
     tokens, _, prompt_len, seq_len = data
     assert [o.token_ids for o in outs] == [tokens[i, prompt_len[i]:seq_len[i]].tolist() for i in range(6)]

@@ -96,3 +96,13 @@ def test_draft_model_turned_on_late_catches_up_and_keeps_greedy_output(batch, bu
     outs = [final[i] for i in ids]
     assert [o.token_ids for o in outs] == [reference[t] for t in texts]
     assert all(o.num_draft_tokens > 0 for o in outs[::2]), "a late sequence never drafted"
+
+
+def test_a_draft_model_that_copies_first_keeps_greedy_output(make_engine, weak_draft_group, truncated_draft_dir,
+                                                              reference):
+    """copy_min_ngram with a draft model: rounds the lookup drafts leave gaps in the draft
+    model's KV, which it catches up before its next drafts."""
+    engine = make_engine("draft-model", group=weak_draft_group, draft_model=truncated_draft_dir, adaptive=False,
+                         copy_min_ngram=2)
+    check_lossless(engine, 4, reference, "draft-model(copy first)")
+    assert engine.ctx.drafter.copied_rounds > 0, "the lookup never drafted: the prompts repeat their paragraphs"

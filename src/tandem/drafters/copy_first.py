@@ -6,7 +6,8 @@ quoted back, a long passage asked about) the copy is the better guess: prompt lo
 proposes the continuation exactly, where a small model drafts it token by token. Elsewhere
 the lookup finds no long match and the model drafts. Per sequence and per round: the
 lookup wins when the sequence's last `min_match` tokens (at least) recur earlier in its
-context; the rest of the batch goes to the model drafter in one batched propose.
+context; the rest of the batch goes to the model drafter in one batched propose, and so
+do sequences under a grammar (the model drafts under it: a copy could break it).
 
 The rank side needs nothing: the target's rows of every kept token reach a rank-side
 drafter through the verify's commit whoever drafted, and the rank gives a draft it did not
@@ -25,10 +26,12 @@ class CopyFirstDrafter:
         self.name = model_drafter.name
         self.propose_batch_max = model_drafter.propose_batch_max
         self.whole_blocks = model_drafter.whole_blocks
-        self.copied_rounds = 0  # rounds the lookup drafted (for the benchmarks' report)
+        self.copied_rounds = 0  # sequence-rounds the lookup drafted
 
     def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> list[list[int]]:
-        out = [self.lookup.propose_one(s, g) for s, g in zip(seqs, num_drafts)]
+        # a constrained sequence keeps the model's drafts, made under its grammar (a copy may
+        # break the grammar, and the verify would cut it)
+        out = [self.lookup.propose_one(s, g) if s.grammar is None else [] for s, g in zip(seqs, num_drafts)]
         rest = [i for i, d in enumerate(out) if not d]
         self.copied_rounds += len(seqs) - len(rest)
         if rest:
