@@ -6,7 +6,7 @@ import os
 from dataclasses import Field, dataclass, field, fields
 from typing import Literal
 
-from tandem.drafters.registry import DrafterName, drafter_kind
+from tandem.drafters.registry import DrafterName, default_drafter, drafter_kind
 from tandem.errors import InvalidRequestError
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4  # when the drafter has no block size of its own
@@ -28,6 +28,11 @@ def _on_unless_zero(value: str | None) -> bool:
     return value != "0"
 
 
+class _DefaultDrafter(str):
+    """A drafter the config chose, not the user: dataclasses.replace(config, model=...)
+    passes it on, and __post_init__ then chooses again for the new model."""
+
+
 class _DefaultGamma(int):
     """A num_speculative_tokens the config chose, not the user: dataclasses.replace(config,
     drafter=...) passes it on, and __post_init__ then chooses again for the new drafter."""
@@ -36,7 +41,7 @@ class _DefaultGamma(int):
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = option(None, "Target model: a known name (smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder, a .gguf file, or a hub name. None = SmolLM2-135M-Instruct.")
-    drafter: DrafterName = option("ngram", "Who proposes drafts: none, ngram, draft-model or dflash.")
+    drafter: DrafterName | None = option(None, "Who proposes drafts: none, ngram, draft-model or dflash. None = dflash where there are DFlash weights for the model (dflash_checkpoint given, or the weights tandem ships, as for the default model), else ngram.")
     draft_model: str | None = option(None, "The draft model for drafter='draft-model'; must share the target's tokenizer.")
     dflash_checkpoint: str | None = option(None, "For drafter='dflash': a checkpoint folder (config.json + *.safetensors); None = the weights shipped for the model.")
     num_speculative_tokens: int | None = option(None, "Most drafts a sequence gets per round; None = block_size - 1 of the DFlash checkpoint for drafter='dflash', else 4.", ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)
@@ -64,6 +69,8 @@ class EngineConfig:
     dflash_dtype: str | None = env_option("TANDEM_DFLASH_DTYPE", lambda v: v or None, "The DFlash drafter's dtype (float32, bfloat16); None = the target's (bf16 beside a float32 target on a CPU with bf16 matmuls). Default: TANDEM_DFLASH_DTYPE.")
 
     def __post_init__(self) -> None:
+        if self.drafter is None or isinstance(self.drafter, _DefaultDrafter):
+            object.__setattr__(self, "drafter", _DefaultDrafter(default_drafter(self.model, self.dflash_checkpoint)))
         kind = drafter_kind(self.drafter)
         if kind.needs_draft_model and not self.draft_model:
             raise InvalidRequestError("draft_model", f"drafter {kind.name!r} needs a draft model")
@@ -98,7 +105,7 @@ class EngineConfig:
     @property
     def rank_drafter(self) -> str:
         """The drafter the shard ranks carry ("none" when the scheduler drafts)."""
-        return self.drafter if drafter_kind(self.drafter).on_rank else "none"
+        return str(self.drafter) if drafter_kind(self.drafter).on_rank else "none"
 
     def shard_spec(self):
         from tandem.shard.spec import ShardSpec

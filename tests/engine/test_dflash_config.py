@@ -39,7 +39,7 @@ def test_an_explicit_draft_count_is_kept_up_to_block_size_minus_one_and_refused_
 
 
 def test_replace_picks_the_default_again_for_a_new_drafter_but_keeps_an_explicit_count(block4):
-    ngram = EngineConfig()
+    ngram = EngineConfig(drafter="ngram")
     assert replace(ngram, drafter="dflash").num_speculative_tokens == SHIPPED_BLOCK_SIZE - 1
     assert replace(ngram, drafter="dflash", dflash_checkpoint=block4).num_speculative_tokens == 3
     assert replace(EngineConfig(drafter="dflash"), drafter="ngram").num_speculative_tokens == 4
@@ -103,3 +103,15 @@ def test_generate_passes_the_checkpoint_and_leaves_the_draft_count_to_the_config
 def test_generate_refuses_a_bad_dflash_setting_naming_it(argv, field, capsys):
     assert cli_generate.run(generate_args(*argv)) == 2
     assert f"tandem generate: {field}:" in capsys.readouterr().err
+
+
+def test_the_default_drafter_is_dflash_where_weights_ship_or_are_given_and_ngram_elsewhere(block4):
+    default = EngineConfig()
+    assert default.drafter == "dflash" and default.num_speculative_tokens == SHIPPED_BLOCK_SIZE - 1
+    assert EngineConfig(model="qwen2.5-coder-0.5b").drafter == "ngram"
+    assert EngineConfig(model="qwen2.5-coder-0.5b", dflash_checkpoint=block4).drafter == "dflash"
+    # a default is chosen again for a new model; one the user gave is kept
+    other = replace(default, model="qwen2.5-coder-0.5b")
+    assert other.drafter == "ngram" and other.num_speculative_tokens == 4
+    assert replace(EngineConfig(drafter="dflash"), model="smollm2").drafter == "dflash"
+    assert replace(EngineConfig(drafter="none"), model="qwen2.5-coder-0.5b").drafter == "none"

@@ -11,6 +11,11 @@ from typing import Literal
 from tandem.errors import InvalidRequestError
 
 
+# target model name (LoadedModel.name) -> the DFlash weights shipped for it, a folder of
+# drafters/dflash/weights (here, not there: choosing a default drafter loads no torch)
+SHIPPED_DFLASH = {"smollm2": "smollm2"}
+
+
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
@@ -33,7 +38,7 @@ def resolve_dflash_checkpoint(model: str | None, checkpoint: str | None) -> tupl
     `checkpoint`, or the weights shipped for the model when it is None. Reads only the
     folder's config.json; InvalidRequestError naming dflash_checkpoint when it does not fit."""
     from tandem.drafters.dflash import DFlashConfig, shipped_checkpoint
-    from tandem.model.loader import model_name
+    from tandem.model.registry import model_name
 
     field = "dflash_checkpoint"
     if checkpoint is None:
@@ -70,6 +75,15 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {k.name: k for k in (
 )}
 DRAFTERS = tuple(DRAFTER_KINDS)
 DrafterName = Literal[DRAFTERS]  # a config's drafter field: the CLI's choices, the served args' check
+
+
+def default_drafter(model: str | None, dflash_checkpoint: str | None) -> str:
+    """The drafter a config that names none gets: dflash where there are DFlash weights for
+    `model` (a checkpoint given, or the weights shipped for it, as for the default model),
+    else ngram."""
+    from tandem.model.registry import model_name
+
+    return "dflash" if dflash_checkpoint is not None or model_name(model) in SHIPPED_DFLASH else "ngram"
 
 
 def drafter_kind(name: str) -> DrafterKind:

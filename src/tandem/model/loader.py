@@ -23,6 +23,7 @@ from tqdm import tqdm
 from tandem.model import gguf_types, registry
 from tandem.model.config import ModelConfig
 from tandem.model.llama import LlamaForCausalLM
+from tandem.model.registry import model_name
 
 # Tokens that end a turn or a document in the chat models we serve. `<|im_start|>` is
 # never one, whatever a converted tokenizer claims.
@@ -82,20 +83,6 @@ def load_tokenizer(spec: str | None = None, *, progress: bool = True) -> LoadedT
         eos_token_ids = _eos_token_ids(folder, AutoConfig.from_pretrained(folder) if has_config else None, tokenizer)
         bar.update()
     return LoadedTokenizer(tokenizer, eos_token_ids, name, getattr(tokenizer, "chat_template", None), folder)
-
-
-def model_name(spec: str | None) -> str:
-    """The name a model loaded from `spec` gets (what shipped drafter weights are keyed by),
-    without loading anything."""
-    spec = spec or registry.DEFAULT_MODEL
-    known = registry.lookup(spec)
-    if known is not None:
-        return known.name
-    if spec.endswith(".gguf"):
-        return os.path.basename(spec)[: -len(".gguf")]
-    if os.path.isdir(spec):
-        return os.path.basename(os.path.normpath(spec))
-    return spec
 
 
 def resolve_model_folder(spec: str | None, bar=None) -> tuple[str, str]:

@@ -79,3 +79,17 @@ def lookup(spec: str) -> KnownModel | None:
         if wanted in (model.name, model.hf_name.lower()):
             return model
     return None
+
+
+def model_name(spec: str | None) -> str:
+    """The name a model loaded from `spec` gets (what shipped drafter weights are keyed by),
+    without loading anything."""
+    spec = spec or DEFAULT_MODEL
+    known = lookup(spec)
+    if known is not None:
+        return known.name
+    if spec.endswith(".gguf"):
+        return os.path.basename(spec)[: -len(".gguf")]
+    if os.path.isdir(spec):
+        return os.path.basename(os.path.normpath(spec))
+    return spec

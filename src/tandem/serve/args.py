@@ -103,7 +103,7 @@ class _ServingArgs(BaseModel):
     def _check_engine(self):
         """What EngineConfig checks (the drafter's checkpoint and draft count, the row
         budget), before anything starts."""
-        if self.dflash_checkpoint is not None and drafter_kind(self.drafter).checkpoint is None:
+        if self.dflash_checkpoint is not None and self.drafter is not None and drafter_kind(self.drafter).checkpoint is None:
             raise ValueError(f"dflash_checkpoint: is for drafter=dflash, not {self.drafter!r}")
         try:
             self.engine_config()

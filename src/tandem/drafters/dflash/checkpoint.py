@@ -16,10 +16,9 @@ import os
 import torch
 
 from tandem.drafters.dflash.model import DFlashConfig, DFlashDraftModel
+from tandem.drafters.registry import SHIPPED_DFLASH as SHIPPED
 
 WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
-# target model name (LoadedModel.name) -> the shipped checkpoint trained for it
-SHIPPED = {"smollm2": "smollm2"}
 
 
 def shipped_checkpoint(target_name: str) -> str:
