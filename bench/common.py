@@ -75,6 +75,13 @@ def interleaved_min(fns: dict[str, Callable[[], object]], reps: int, warmup: int
     return best
 
 
+def copy_suffix(drafter: str) -> tuple[str, int | None]:
+    """A benchmark's drafter entry "NAME+copyN" -> (NAME, copy_min_ngram N); without the
+    suffix, (NAME, None): the engine's default."""
+    name, _, copy = drafter.partition("+copy")
+    return name, int(copy) if copy else None
+
+
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None, stream=sys.stdout) -> None:
     """A plain fixed-width table; floats get 3 significant decimals."""
 

@@ -25,6 +25,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from common import copy_suffix  # noqa: E402
 from dflash_eval_prompts import KINDS, eval_prompts, render  # noqa: E402
 
 
@@ -68,14 +69,14 @@ def main(argv=None) -> int:
     outs, secs, tokenizer = {}, {}, None
     for drafter in ["none"] + [d for d in args.drafters.split(",") if d != "none"]:
         name, _, ckpt = drafter.partition(":")  # dflash:DIR: those weights
-        name, _, copy = name.partition("+copy")  # dflash+copy3: copy_min_ngram 3
+        name, copy_min = copy_suffix(name)  # dflash+copy3: copy_min_ngram 3
         gamma = args.block_size - 1 if name == "dflash" else 4
         # no prefix cache for any drafter: DFlash runs without one (it drafts from the
         # target's rows of the whole prompt), so every run prefills its prompts alike
         config = EngineConfig(model=args.model, drafter=name, dflash_checkpoint=ckpt or args.dflash_checkpoint,
                               device=args.device, dtype=args.dtype, max_num_seqs=args.batch, max_model_len=1024,
                               row_budget=1024, adaptive=False, num_speculative_tokens=gamma,
-                              enable_prefix_caching=False, copy_min_ngram=int(copy) if copy else None)
+                              enable_prefix_caching=False, copy_min_ngram=copy_min)
         engine = Engine.from_config(config, progress=False)
         tokenizer = engine.tokenizer
         texts = [render(tokenizer, e) for e in entries]

@@ -172,7 +172,9 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
 
     prompts = PROMPTS if prompts is None else prompts
     slots = max(batches)
-    drafter_name, _, copy = drafter.partition("+copy")  # dflash+copy2: copy_min_ngram 2
+    from common import copy_suffix
+
+    drafter_name, copy_min = copy_suffix(drafter)  # dflash+copy2: copy_min_ngram 2
     engine_drafter = "dflash" if drafter.startswith("dflash") else drafter_name
     os.environ["TANDEM_DFLASH_CUDA_GRAPHS"] = "0" if drafter_name == "dflash-eager" else "1"
     # no prefix cache for any drafter: DFlash runs without one (it drafts from the target's
@@ -180,7 +182,7 @@ def run(drafter: str, batches: list[int], *, requests: int, max_tokens: int, dev
     config = EngineConfig(model=model, drafter=engine_drafter, dflash_checkpoint=dflash_checkpoint, max_num_seqs=slots,
                           max_model_len=1024, row_budget=max(256, slots * 16), device=device, dtype=dtype,
                           num_speculative_tokens=DEFAULT_GAMMA.get(drafter_name, 4) if gamma is None else gamma,
-                          adaptive=adaptive, enable_prefix_caching=False, copy_min_ngram=int(copy) if copy else None)
+                          adaptive=adaptive, enable_prefix_caching=False, copy_min_ngram=copy_min)
     if synthetic:
         dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         dt = {"auto": torch.bfloat16 if dev.startswith("cuda") else torch.float32, "float32": torch.float32,
