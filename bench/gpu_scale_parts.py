@@ -123,6 +123,7 @@ class SyntheticDrafter:
     name = "synthetic"
     propose_batch_max = 1 << 30
     whole_blocks = False
+    copied = 0
 
     def __init__(self, reference: dict[str, list[int]], alpha: float, vocab: int, seed: int = 0):
         self.reference, self.alpha, self.vocab = reference, alpha, vocab

@@ -30,6 +30,17 @@ def _ladder(max_gamma: int) -> tuple[int, ...]:
     return tuple(sorted({g for g in GAMMA_LADDER if g <= max_gamma} | {max(0, max_gamma)}))
 
 
+def block_ladder(max_gamma: int) -> tuple[int, ...]:
+    """A block drafter's caps: 0, the whole block, and the prefixes whose rows a sequence
+    are a power of two (a block of 8: 0, 1, 3, 7). A prefix saves the drafter nothing but
+    saves verify rows, which a CPU pays for: SmolLM2 int4 on 2 cores verified 4 rows in
+    20.6 ms against 29.6 for 8, and 3 drafts a round ran 64 tok/s against 7 drafts' 53.
+    Few rungs, each a power of two: each is one more verify shape (on a GPU one more CUDA
+    graph), and the cost model prices rows by power-of-two buckets."""
+    rungs = {0, max(0, max_gamma)} | {(1 << i) - 1 for i in range(1, 8) if (1 << i) - 1 < max_gamma}
+    return tuple(sorted(rungs))
+
+
 @dataclass
 class SpecControl:
     """One sequence's speculation state.
@@ -58,9 +69,7 @@ class AdaptiveSpec:
         # whole_blocks (a block drafter: fewer drafts cost as much as all): gamma stays at
         # its most; only the batch cap and turning speculation off move it
         self.whole_blocks = whole_blocks
-        # a block drafter's caps are all or nothing: a smaller one saves it nothing, and
-        # each draft count is one more verify shape (on a GPU, one more CUDA graph)
-        self.ladder = (0, max_gamma) if whole_blocks else _ladder(max_gamma)
+        self.ladder = block_ladder(max_gamma) if whole_blocks else _ladder(max_gamma)
         self.off_after = off_after
         self.retry_after = retry_after
         # A block round's outcome swings from 0 to 7 accepted, so its alpha is smoothed more:
@@ -70,9 +79,10 @@ class AdaptiveSpec:
         self.adaptive = adaptive
 
     @property
-    def block(self) -> int:
-        """A block drafter's drafts a round (its verify forwards keep that shape), else 0."""
-        return self.max_gamma if self.whole_blocks else 0
+    def widths(self) -> tuple[int, ...]:
+        """The draft counts a block drafter's verify forwards are padded to (its ladder's
+        rungs: see tandem.batching.batch_width), else () (each forward as wide as its drafts)."""
+        return self.ladder[1:] if self.whole_blocks else ()
 
     def new_state(self) -> SpecControl:
         return SpecControl(gamma=self.max_gamma)
@@ -143,7 +153,10 @@ class BatchCostModel:
         self.warmup_samples = warmup_samples
         self._seen: dict[object, int] = {}
         self.forward_ms: dict[int, float] = {}
-        self._propose_samples: deque[float] = deque(maxlen=PROPOSE_WINDOW)  # ms per draft step
+        # ms per draft step of the recent proposes, by bucket of the sequences the drafter's
+        # own path drafted for (see record_propose)
+        self._propose_samples: dict[int, deque[float]] = {}
+        self.modelled_share = 1.0  # EMA: the share of proposing sequences that path took
         self.prefill_ms_per_row: float | None = None  # see record_prefill
 
     @staticmethod
@@ -175,25 +188,51 @@ class BatchCostModel:
             per, old = ms / rows, self.prefill_ms_per_row
             self.prefill_ms_per_row = per if old is None else min(old, per)
 
-    def record_propose(self, steps: int, ms: float) -> None:
-        if steps <= 0 or self._warming_up("propose"):
+    def record_propose(self, steps: int, ms: float, proposing: int = 1, copied: int = 0) -> None:
+        """A propose of `steps` draft steps for `proposing` sequences took ms; `copied` of them
+        drafted by lookup (copy first: tandem.drafters.copy_first), for next to nothing. Timed
+        by how many the drafter's own path took: a CPU's DFlash propose for 8 costs 4x that
+        for 1, and one priced by the cheapest propose seen, a single sequence's or one that
+        copied all, made drafting look free at batch 8."""
+        modelled = proposing - copied
+        if steps <= 0 or proposing <= 0:
             return
-        self._propose_samples.append(ms / (1 if self.whole_blocks else steps))
+        self.modelled_share = (1 - self.ema) * self.modelled_share + self.ema * modelled / proposing
+        b = self._bucket(modelled)
+        if modelled <= 0 or self._warming_up(("propose", b)):
+            return
+        self._propose_samples.setdefault(b, deque(maxlen=PROPOSE_WINDOW)).append(ms / (1 if self.whole_blocks else steps))
 
-    @property
-    def propose_ms_per_step(self) -> float | None:
-        """The cheapest of the recent proposes, per draft step (None before any). One-off
-        costs only ever add time (a drafter's CUDA graph capture for a new shape: 12.6 ms
-        against 0.8 on an H200), and a drafter priced out by them would never be timed
-        again; a propose that really got dearer shows once the window has moved on."""
-        return min(self._propose_samples) if self._propose_samples else None
+    def propose_ms_per_step(self, sequences: int = 1) -> float | None:
+        """What a propose for `sequences` sequences costs a draft step: the cheapest of the
+        recent proposes of their bucket (None before any is timed). One-off costs only ever
+        add time (a drafter's CUDA graph capture for a new shape: 12.6 ms against 0.8 on an
+        H200), and a drafter priced out by them would never be timed again; a propose that
+        really got dearer shows once the window has moved on. A bucket with too few proposes
+        timed is priced optimistically, like an unmeasured forward (see estimate)."""
+        timed = {b: min(w) for b, w in self._propose_samples.items() if len(w) >= PROPOSE_SAMPLES_TO_PRICE}
+        if not timed:
+            return None
+        b = self._bucket(sequences)
+        if b in timed:
+            return timed[b]
+        below = [k for k in timed if k < b]
+        if below:
+            return timed[max(below)]
+        nearest = min(timed)
+        return timed[nearest] * b / nearest
 
-    def _propose_price(self) -> float:
-        # Until a few proposes are timed, drafting is priced as if proposing were free, so
-        # that a first slow sample cannot stop drafting before a fair one comes.
-        if len(self._propose_samples) < PROPOSE_SAMPLES_TO_PRICE:
+    def _propose_price(self, drafting: int) -> float:
+        """Expected ms a draft step of this tick's propose costs, `drafting` sequences drafting:
+        priced for the share of them the drafter's own path has lately taken (the rest copy).
+        Until a few proposes are timed, proposing counts as free, so that a first slow sample
+        cannot stop drafting before a fair one comes."""
+        k = drafting * self.modelled_share
+        if k <= 0:
             return 0.0
-        return self.propose_ms_per_step
+        whole = math.ceil(k)
+        per = self.propose_ms_per_step(whole)
+        return 0.0 if per is None else per * k / whole
 
     def estimate(self, rows: int) -> float | None:
         if not self.forward_ms:
@@ -265,7 +304,8 @@ class BatchCostModel:
             t = price(gs)
             if t is None:
                 return max(ladder)
-            t += self._propose_price() * (min(1, max(gs)) if self.whole_blocks else max(gs))
+            drafting = sum(1 for g in gs if g > 0)
+            t += self._propose_price(drafting) * (min(1, max(gs)) if self.whole_blocks else max(gs))
             tokens = sum(expected_tokens(a, g) for a, g in zip(alphas, gs))
             rate = tokens / max(t, 1e-6)
             # Speculating at all must pay clearly (the estimates are noisy and a wrong "on"

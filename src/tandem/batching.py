@@ -29,9 +29,9 @@ MAX_ROWS = 17  # 1 + the most drafts a round (EngineConfig allows 16)
 
 
 def plan_verify_batches(running: list[Sequence], row_budget: int, max_batch: int,
-                        cost: CostFn | None = None, block: int = 0) -> list[list[Sequence]]:
+                        cost: CostFn | None = None, widths: tuple[int, ...] = ()) -> list[list[Sequence]]:
     """Batches for this tick (the exact-count ones first, largest count first, then the
-    merged ones); every batch fits the row budget at its batch_width(batch, block)."""
+    merged ones); every batch fits the row budget at its batch_width(batch, widths)."""
     exact: dict[int, list[Sequence]] = {}
     mergeable: dict[int, list[Sequence]] = {}
     for s in running:
@@ -44,20 +44,21 @@ def plan_verify_batches(running: list[Sequence], row_budget: int, max_batch: int
     for g in sorted(exact, reverse=True):
         batches += _chunk(exact[g], g, row_budget, max_batch)
     for run in _merge_levels(mergeable, row_budget, max_batch, cost):
-        width = batch_width(run, block)
+        width = batch_width(run, widths)
         batches += _chunk(sorted(run, key=lambda s: -len(s.drafts)), width, row_budget, max_batch)
     return batches
 
 
-def batch_width(batch: list[Sequence], block: int = 0) -> int:
+def batch_width(batch: list[Sequence], widths: tuple[int, ...] = ()) -> int:
     """Drafts per sequence in the batch's forward: the longest (shorter ones are padded).
-    With a block drafter (block = its drafts a round) a batch that drafts and can pad is
-    padded to the whole block: a request's last round, cut short by max_tokens, would
-    otherwise be one more verify shape (on a GPU one more CUDA graph; an H200 captured
-    (1, 3) inside a timed run: ~0.1 s of a 0.9 s batch-1 benchmark)."""
+    With a block drafter (widths = the draft counts its rounds take, tandem.adaptive.
+    block_ladder) a batch that drafts and can pad is padded to the next of them: a
+    request's last round, cut short by max_tokens, or a copied draft, would otherwise be
+    one more verify shape (on a GPU one more CUDA graph; an H200 captured (1, 3) inside a
+    timed run: ~0.1 s of a 0.9 s batch-1 benchmark)."""
     g = max(len(s.drafts) for s in batch)
-    if 0 < g < block and all(can_pad(s) for s in batch):
-        return block
+    if g > 0 and all(can_pad(s) for s in batch):
+        return min((w for w in widths if w >= g), default=g)
     return g
 
 

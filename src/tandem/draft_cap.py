@@ -19,10 +19,10 @@ class DraftCapPolicy:
             return self.adaptive.max_gamma
         live = [s for s in self.scheduler.running if not s.finished]
         cost, adaptive = self.cost, self.adaptive
-        if adaptive.whole_blocks:  # a block drafter rests a sequence whose block does not pay (see block_break_even)
-            need = cost.block_break_even(adaptive.max_gamma, len(live))
+        if adaptive.whole_blocks:  # a block drafter rests a sequence no prefix of whose block pays (see block_break_even)
+            needs = [(c, cost.block_break_even(c, len(live))) for c in adaptive.widths]
             for s in live:
-                if expected_tokens(s.spec.alpha, s.spec.gamma) - 1.0 < need:
+                if all(expected_tokens(s.spec.alpha, min(c, s.spec.gamma)) - 1.0 < need for c, need in needs):
                     adaptive.rest(s.spec, len(s.output_ids))
         gammas = [s.spec.gamma if adaptive.allowed(s.spec, len(s.output_ids)) else 0 for s in live]
         return cost.best_cap(gammas, [s.spec.alpha for s in live], adaptive.ladder, plan=self.plan)

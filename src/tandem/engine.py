@@ -239,7 +239,7 @@ class Engine:
             # with a sink, their first tokens still leave at their prefill.
             self.release.send_now()
         self.ctx.draft_cap = self.draft_cap.cap()
-        for batch in self.scheduler.verify_batches(self.ctx.cost.estimate, self.adaptive.block):
+        for batch in self.scheduler.verify_batches(self.ctx.cost.estimate, self.adaptive.widths):
             if ride:
                 self.prefills.ride(batch, ride)
                 ride = []

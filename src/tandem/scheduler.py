@@ -150,13 +150,13 @@ class Scheduler:
     def table(self, seq: Sequence) -> list[int]:
         return self.kv.table(seq.request_id)
 
-    def verify_batches(self, cost: CostFn | None = None, block: int = 0) -> list[list[Sequence]]:
+    def verify_batches(self, cost: CostFn | None = None, widths: tuple[int, ...] = ()) -> list[list[Sequence]]:
         """Running sequences in verify batches within the row budget: greedy ones of
         different draft counts share a padded batch where the cost model says it pays
-        (see tandem.batching), the others go by exact draft count. block: a block
-        drafter's drafts a round (see tandem.batching.batch_width), else 0."""
+        (see tandem.batching), the others go by exact draft count. widths: the draft
+        counts a block drafter's forwards are padded to (see tandem.batching.batch_width)."""
         ready = [s for s in self.running if s.request_id not in self.prefilling]
-        return plan_verify_batches(ready, self.row_budget, self.max_batch, cost, block)
+        return plan_verify_batches(ready, self.row_budget, self.max_batch, cost, widths)
 
     def reap(self) -> list[Sequence]:
         """Remove finished sequences from the running set; their slots and blocks go back."""

@@ -158,7 +158,7 @@ def test_one_slow_propose_does_not_price_drafting_out():
     assert cost.best_cap([7], [0.5], (0, 1, 2, 3, 4, 6)) > 0  # too few proposes timed to count yet
     cost.record_propose(7, 0.8)
     cost.record_propose(7, 0.8)
-    assert cost.propose_ms_per_step == 0.8 / 7  # the capture does not count
+    assert cost.propose_ms_per_step() == 0.8 / 7  # the capture does not count
     assert cost.best_cap([7], [0.5], (0, 1, 2, 3, 4, 6)) > 0
     for _ in range(5):  # a drafter that really is slow does get priced out
         cost.record_propose(7, 30.0)
@@ -177,9 +177,10 @@ def test_a_buckets_first_forward_and_the_first_propose_are_taken_as_warm_up():
     cost.record_forward(5, 12.0)
     assert cost.estimate(5) == 12.0
     cost.record_propose(4, 400.0)
-    assert cost.propose_ms_per_step is None
-    cost.record_propose(4, 8.0)
-    assert cost.propose_ms_per_step == 2.0
+    assert cost.propose_ms_per_step() is None
+    for _ in range(3):  # priced once a few are timed
+        cost.record_propose(4, 8.0)
+    assert cost.propose_ms_per_step() == 2.0
 
 
 def test_a_block_drafter_keeps_its_whole_block_and_pays_one_propose_step():
@@ -187,7 +188,8 @@ def test_a_block_drafter_keeps_its_whole_block_and_pays_one_propose_step():
     # round must not shrink gamma (it did: 1.42x fixed against 0.84x adaptive at batch 8
     # on an H200), and a propose is priced once, not per draft.
     a = AdaptiveSpec(7, whole_blocks=True)
-    assert a.ladder == (0, 7)  # all or nothing: each other count would be one more verify shape
+    assert a.ladder == (0, 1, 3, 7)  # prefixes of 2 and 4 rows: few verify shapes, each a cost bucket
+    assert a.widths == (1, 3, 7) and AdaptiveSpec(4, whole_blocks=True).ladder == (0, 1, 3, 4)
     st = a.new_state()
     a.record_verify(st, drafted=7, accepted=0, num_output=10)
     a.record_verify(st, drafted=7, accepted=2, num_output=13)
@@ -200,7 +202,7 @@ def test_a_block_drafter_keeps_its_whole_block_and_pays_one_propose_step():
         cost.record_forward(rows, ms)
     for _ in range(3):
         cost.record_propose(7, 0.8)
-    assert cost.propose_ms_per_step == 0.8  # one step per propose
+    assert cost.propose_ms_per_step() == 0.8  # one step per propose
     assert cost.best_cap([7], [0.45], a.ladder) >= 3  # ~1.75 tokens for 4.6 ms beats 1 for 3.5
 
 
@@ -250,3 +252,64 @@ def test_a_block_drafter_rests_a_sequence_only_while_its_block_does_not_pay():
     st.passed = 0.1 * st.judged
     a.record_plain(st, 8)
     assert 0.1 < st.alpha < before
+
+
+def test_a_block_drafter_verifies_a_prefix_of_its_block_where_rows_cost():
+    # SmolLM2 int4, 2 CPU cores, batch 1: 1/2/4/8 rows in 17.0/19.0/20.6/29.6 ms and a
+    # propose of 6.7 ms; DFlash accepting ~2.2 a round (alpha ~0.58). Three drafts a round
+    # ran 64 tok/s there against the whole block's 53 and plain decoding's 53.
+    a = AdaptiveSpec(7, whole_blocks=True)
+    cpu = BatchCostModel(whole_blocks=True)
+    for rows, ms in ((1, 17.0), (2, 19.0), (4, 20.6), (8, 29.6)):
+        cpu.record_forward(rows, ms)
+    for _ in range(3):
+        cpu.record_propose(7, 6.7)
+    assert cpu.best_cap([7], [0.58], a.ladder) == 3
+    # on a GPU's batch 1 rows are nearly free: the whole block
+    gpu = BatchCostModel(whole_blocks=True)
+    for rows, ms in ((1, 3.5), (2, 3.6), (4, 3.7), (8, 3.8)):
+        gpu.record_forward(rows, ms)
+    for _ in range(3):
+        gpu.record_propose(7, 0.8)
+    assert gpu.best_cap([7], [0.58], a.ladder) == 7
+
+
+def test_a_block_drafter_rests_a_sequence_only_when_no_prefix_of_its_block_pays():
+    # CPU-like costs of a batch of 8: the whole block's 56 extra rows cost 1.6 plain tokens,
+    # one draft's 8 rows 0.06: a sequence expected to add 0.3 tokens a round is not worth
+    # its block, but is worth a draft of it
+    from tandem.draft_cap import DraftCapPolicy
+
+    a = AdaptiveSpec(7, whole_blocks=True)
+    cost = BatchCostModel(whole_blocks=True)
+    for rows, ms in ((8, 24.0), (16, 25.5), (32, 34.0), (64, 62.0)):
+        cost.record_forward(rows, ms)
+    assert cost.block_break_even(7, 8) > 1.0 and cost.block_break_even(1, 8) < 0.1
+    seqs = []
+    for alpha in [0.3] * 7 + [0.03]:  # 0.3 more tokens for one draft; 0.03: hopeless
+        st = a.new_state()
+        st.passed = alpha * st.judged
+        seqs.append(type("S", (), {"spec": st, "output_ids": [0] * 10, "finished": False})())
+    sched = type("Sched", (), {"running": seqs, "row_budget": 256, "max_batch": 64})()
+    DraftCapPolicy(a, cost, sched, enabled=True).cap()
+    assert [a.allowed(s.spec, 10) for s in seqs] == [True] * 7 + [False]
+
+
+def test_a_propose_is_priced_by_the_sequences_its_model_drafted_for():
+    # DFlash copying first on 2 CPU cores: a propose the model ran for 8 sequences took
+    # 26 ms, one for 1 sequence 6.5 ms, one where every sequence copied 0.2 ms. Priced by
+    # the cheapest propose seen, drafting at batch 8 looked free.
+    cost = BatchCostModel(whole_blocks=True)
+    for rows, ms in ((8, 28.0), (16, 30.0), (32, 45.0), (64, 80.0)):
+        cost.record_forward(rows, ms)
+    for _ in range(3):
+        cost.record_propose(7, 26.0, proposing=8)
+        cost.record_propose(7, 6.5, proposing=1)
+        cost.record_propose(7, 0.2, proposing=8, copied=8)  # no sample: the lookups' cost says nothing of the model's
+    assert cost.propose_ms_per_step(8) == 26.0 and cost.propose_ms_per_step(1) == 6.5
+    assert cost.propose_ms_per_step(4) == 6.5  # unmeasured: the nearest smaller bucket's, so it gets tried
+    assert cost.best_cap([7] * 8, [0.6] * 8, (0, 1, 3, 7)) == 0  # one draft each: 12.8 tokens for ~55 ms against 8 for 28
+    for _ in range(20):
+        cost.record_propose(7, 0.2, proposing=8, copied=8)  # lately every sequence copies: drafting is cheap
+    assert cost.modelled_share < 0.01
+    assert cost.best_cap([7] * 8, [0.6] * 8, (0, 1, 3, 7)) > 0

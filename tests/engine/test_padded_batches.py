@@ -54,15 +54,19 @@ def test_padded_batches_respect_the_row_budget():
     assert sorted(s.request_id for b in batches for s in b) == sorted(s.request_id for s in seqs)
 
 
-def test_a_block_drafters_short_rounds_are_padded_to_the_block_within_the_row_budget():
-    # six sequences at the end of their max_tokens draft 2 of a block of 5: 3 rows each
-    # would fit 6 in a budget of 20, but padded to the block (6 rows) only 3 fit
+def test_a_block_drafters_short_rounds_are_padded_to_the_next_width_within_the_row_budget():
+    # six sequences at the end of their max_tokens draft 2 of a block of 7 (widths 1, 3, 7):
+    # 3 rows each would fit 6 in a budget of 20, but padded to 3 drafts (4 rows) only 5 fit
+    widths = (1, 3, 7)
     seqs = [seq(f"s{i}", 2) for i in range(6)]
-    batches = batching.plan_verify_batches(seqs, 20, 64, None, block=5)
-    assert all(batching.batch_width(b, 5) == 5 and len(b) * 6 <= 20 for b in batches)
+    batches = batching.plan_verify_batches(seqs, 20, 64, None, widths)
+    assert all(batching.batch_width(b, widths) == 3 and len(b) * 4 <= 20 for b in batches)
     assert sorted(s.request_id for b in batches for s in b) == sorted(s.request_id for s in seqs)
-    assert batching.batch_width([seq("plain", 0)], 5) == 0  # a batch without drafts stays one row
-    assert batching.batch_width([seq("end", 2, max_model_len=10)], 5) == 2  # no room to pad
+    assert batching.batch_width([seq("copied", 5)], widths) == 7  # a copied draft of 5 takes the block's shape
+    assert batching.batch_width([seq("one", 1)], widths) == 1
+    assert batching.batch_width([seq("plain", 0)], widths) == 0  # a batch without drafts stays one row
+    assert batching.batch_width([seq("end", 2, max_model_len=10)], widths) == 2  # no room to pad
+    assert batching.batch_width([seq("forced", 9)], widths) == 9  # grammar-forced tokens past the block
 
 
 def test_padded_rows_repeat_the_last_row():

@@ -19,6 +19,9 @@ class Drafter(Protocol):
     # A propose costs the same whatever the draft count (DFlash drafts a whole block in one
     # forward): each sequence then keeps its full draft count, and a propose is priced as one step.
     whole_blocks: bool
+    # Sequences of the last propose drafted for next to nothing (copy first's lookups): a
+    # propose is timed by the others (tandem.adaptive.BatchCostModel.record_propose).
+    copied: int
 
     def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> list[list[int]]:
         """Batched: up to num_drafts[i] drafts for seqs[i]. May raise; the caller then

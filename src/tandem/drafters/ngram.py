@@ -17,6 +17,7 @@ class NgramDrafter:
     name = "ngram"
     propose_batch_max = 1 << 30
     whole_blocks = False
+    copied = 0  # its lookups are its own path: each propose is timed for all its sequences
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, window: int = 4096):
         if not 1 <= min_ngram <= max_ngram:

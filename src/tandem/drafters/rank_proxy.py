@@ -11,6 +11,7 @@ class RankDrafterProxy:
         self.name = name
         self.propose_batch_max = group.limits.propose_batch_max
         self.whole_blocks = whole_blocks
+        self.copied = 0
 
     def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> list[list[int]]:
         cmd = ProposeBatch(

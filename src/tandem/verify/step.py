@@ -75,10 +75,10 @@ def verify_step(batch: list[Sequence], ctx: StepContext,
     has its KV blocks (making room may preempt a chunk's sequence). Returns their result,
     or None where none rode or they were not run (the caller prefills them apart)."""
     mask_rows = _grammar_rows(batch, ctx)
-    batch = ctx.make_room(batch, batch_width(batch, ctx.adaptive.block) + 1)
+    batch = ctx.make_room(batch, batch_width(batch, ctx.adaptive.widths) + 1)
     if not batch:
         return None
-    n, g = len(batch), batch_width(batch, ctx.adaptive.block)
+    n, g = len(batch), batch_width(batch, ctx.adaptive.widths)
     k = g + 1
     drafts = [s.drafts for s in batch]
     forced = [s.forced for s in batch]
@@ -247,10 +247,12 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
     want = [(s, g) for s, g in want if g > 0]
     width = max(1, ctx.drafter.propose_batch_max)
     t0 = ctx.clock.now()
+    copied = 0
     for i in range(0, len(want), width):
         chunk = want[i : i + width]
         try:
             proposed = ctx.drafter.propose([s for s, _ in chunk], [g for _, g in chunk])
+            copied += ctx.drafter.copied
         except Exception as e:  # noqa: BLE001 - the per-sequence path is the fallback
             log.warning("batched propose failed (%s); per-sequence path", e)
             proposed = [_propose_one(s, g, ctx) for s, g in chunk]
@@ -262,7 +264,7 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
     if want:
         ms = (ctx.clock.now() - t0) * 1000.0
         ctx.metrics.propose_ms.observe(ms)
-        ctx.cost.record_propose(max(g for _, g in want), ms)
+        ctx.cost.record_propose(max(g for _, g in want), ms, len(want), copied)
 
 
 def _add_forced(seqs: list[Sequence], ctx: StepContext) -> None:
