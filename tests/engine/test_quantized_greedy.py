@@ -97,11 +97,27 @@ def int4_reference(quantized, int4_group):
     return {t: o.token_ids for t, o in zip(texts, engine(quantized, int4_group, "none").generate(texts, PARAMS))}
 
 
-def test_dflash_on_int4_equals_int4_greedy(quantized, int4_reference):
-    # the shipped DFlash drafter reads the quantized target's embedding and (dequantized) head
-    g = group(quantized, "int4", drafter="dflash", num_speculative_tokens=7)
-    outs = check(engine(quantized, g, "dflash", adaptive=False), 4, int4_reference)
+@pytest.fixture(scope="module")
+def dflash_int4_group(quantized, int4_group):
+    return group(quantized, "int4", drafter="dflash", num_speculative_tokens=7)
+
+
+def test_dflash_on_int4_equals_int4_greedy(quantized, dflash_int4_group, int4_reference):
+    # the shipped DFlash drafter reads the quantized target's embedding and head
+    outs = check(engine(quantized, dflash_int4_group, "dflash", adaptive=False), 4, int4_reference)
     assert sum(o.num_accepted_tokens for o in outs) > 0
+
+
+def test_dflash_beside_an_int8_head_gives_the_target_heads_logits_of_its_rows(dflash_int4_group):
+    from tandem.drafters.dflash.draft_head import Int8Rows
+
+    shard = dflash_int4_group.shard
+    head, drafter = shard.model.lm_head, shard.drafter
+    if not isinstance(head.kernel, cpu_int8.Int8CpuKernel):
+        pytest.skip("the int4 target's LM head stays float on a CPU without int8 dot products")
+    assert isinstance(drafter.head, Int8Rows)  # the same codes: half the bytes of bf16 rows
+    hidden = torch.randn(5, head.in_features, generator=torch.Generator().manual_seed(0)).to(drafter.dtype)
+    assert torch.equal(drafter.head(hidden), head(hidden.float())[:, drafter.draft_vocab])
 
 
 def test_ngram_on_int4_equals_int4_greedy(quantized, int4_group, int4_reference):

@@ -34,7 +34,8 @@ already at the commit of a batch that drafted (`committed`), from each sequence'
 token: they run while the scheduler walks the verdict, and the propose reads the rows.
 The drafter's dtype may differ from the target's (build_dflash_drafter runs it in bf16
 beside a float32 target on a CPU with native bf16 matmuls); its head is then a copy of the
-target's rows in its dtype.
+target's rows in its dtype, or the int8 codes of those rows where the target's head runs in
+int8 (draft_head.py).
 """
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ import os
 
 import torch
 
+from tandem.drafters.dflash.draft_head import draft_head
 from tandem.drafters.dflash.masked_picks import masked_picks
 from tandem.drafters.dflash.model import DFlashDraftModel
 from tandem.grammar.draft_matchers import DraftMatchers
 from tandem.model.cuda_graph import CapturedGraph, next_pow2
-from tandem.model.quant import linear_weight
 from tandem.sampling.filters import filtered_probs
 from tandem.sampling.noise import STREAM_DRAFT, row_key, sample_rows
 from tandem.shard.commands import DraftGrammar, SamplingSpec
@@ -99,14 +100,7 @@ class DFlashDrafter:
         # the LM head rows drafts may come from: all, or the checkpoint's draft vocabulary
         vocab = getattr(model, "draft_vocab", None)
         self.draft_vocab = vocab.to(self.device) if vocab is not None else None
-        # (a quantized target's head as it computes: its weights dequantized once)
-        head = linear_weight(target.lm_head)
-        if vocab is not None:
-            self.head = head[self.draft_vocab].to(self.dtype)
-        elif head.dtype != self.dtype:  # e.g. a bf16 drafter beside a float32 target on a CPU
-            self.head = head.to(self.dtype)
-        else:
-            self.head = target.lm_head
+        self.head = draft_head(target.lm_head, self.draft_vocab, self.dtype)
         self.ctx_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
         self.ctx_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
         self._mask_ids = torch.full((self.block_size - 1,), c.mask_token_id, dtype=torch.long, device=self.device)
