@@ -1,14 +1,16 @@
 """tandem against llama.cpp's server on the same GGUF file, the same prompts and client.
 
     python bench/vs_llama_cpp.py [--concurrency 1 8] [--max-tokens 96] [--repeats 2]
-                                 [--modes plain,spec] [--llama-server PATH] [--build]
+                                 [--modes plain,spec,dflash] [--llama-server PATH] [--build]
 
 Both servers run as a user starts them, one pair at a time, on this machine's cores:
 `tandem serve` (the default model: SmolLM2-135M-Instruct from its Q4_1 GGUF, at the
 quantization its default resolves to) and `llama-server -m <that GGUF> --threads <cores>`.
 Each mode starts both: plain (no speculation: tandem --drafter none, llama.cpp without
---spec-type) and spec (n-gram speculation on both sides: tandem --drafter ngram,
-llama.cpp --spec-type ngram-simple). The clients take turns: for each repeat and
+--spec-type), spec (n-gram speculation on both sides: tandem --drafter ngram,
+llama.cpp --spec-type ngram-simple) and dflash (each side's best speculation for this
+model: tandem --drafter dflash, its default for the default model, against llama.cpp's
+ngram-simple, which has no drafter of that kind for it). The clients take turns: for each repeat and
 concurrency C, C streaming chat requests go to llama.cpp, then the same C to tandem
 (16 chat prompts cycled, greedy, ignore_eos, max_tokens each), so a change in the
 machine's load hits both alike. tokens/s = completion tokens / (first sent -> last
@@ -168,9 +170,12 @@ async def load(port: int, model: str, n: int, max_tokens: int, offset: int) -> d
     return {"ttft": [r[0] for r in results], "tokens": sum(r[1] for r in results), "wall": wall}
 
 
-def tandem_argv(port: int, spec: bool, extra: list[str]) -> list[str]:
+TANDEM_DRAFTER = {"plain": "none", "spec": "ngram", "dflash": "dflash"}
+
+
+def tandem_argv(port: int, mode: str, extra: list[str]) -> list[str]:
     tandem = os.path.join(os.path.dirname(sys.executable), "tandem")
-    return [tandem, "serve", "--port", str(port), "--drafter", "ngram" if spec else "none", *extra]
+    return [tandem, "serve", "--port", str(port), "--drafter", TANDEM_DRAFTER[mode], *extra]
 
 
 def llama_argv(binary: str, gguf: str, port: int, spec: bool, threads: int) -> list[str]:
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--modes", default="plain,spec")
+    ap.add_argument("--modes", default="plain,spec,dflash")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="llama.cpp's threads")
     ap.add_argument("--tandem-arg", action="append", default=[], help="an extra `tandem serve` argument (repeatable)")
     ap.add_argument("--llama-server")
@@ -204,10 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     logs = tempfile.mkdtemp(prefix="tandem-vs-llama-")
     rows, result = [], {"machine": machine(), "binary": binary, "gguf": os.path.basename(gguf),
                         "max_tokens": args.max_tokens, "modes": {}}
-    for mode in args.modes.split(","):
-        spec = mode == "spec"
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in TANDEM_DRAFTER]
+    if unknown:
+        ap.error(f"unknown --modes {unknown}: choose from {sorted(TANDEM_DRAFTER)}")
+    for mode in modes:
+        spec = mode != "plain"
         servers = {"llama.cpp": Server("llama.cpp", llama_argv(binary, gguf, args.port, spec, args.threads), args.port, logs),
-                   "tandem": Server("tandem", tandem_argv(args.port + 1, spec, args.tandem_arg), args.port + 1, logs)}
+                   "tandem": Server("tandem", tandem_argv(args.port + 1, mode, args.tandem_arg), args.port + 1, logs)}
         try:
             for s in servers.values():
                 s.wait_ready()

@@ -96,7 +96,8 @@ def test_a_bf16_drafter_beside_a_float32_target_keeps_greedy_output_exact(batch,
     # what the engine builds on a CPU with native bf16 matmuls (drafters.dflash.dflash_dtype)
     prompts, want = tiny_reference
     shard = tiny_shard(target, random_dflash(seed=batch + 3).to(torch.bfloat16))
-    assert shard.drafter.dtype == torch.bfloat16 and shard.drafter.head.dtype == torch.bfloat16
+    head = shard.drafter.head  # its rows, packed for oneDNN where it has it
+    assert shard.drafter.dtype == torch.bfloat16 and getattr(head, "weight", head).dtype == torch.bfloat16
     engine = tiny_engine(shard, "dflash", batch, num_speculative_tokens=5, adaptive=False)
     outs = run_joining_midway(engine, prompts[:batch], SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outs] == want[:batch]

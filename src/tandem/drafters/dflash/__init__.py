@@ -15,6 +15,7 @@ import torch
 from tandem.drafters.dflash.checkpoint import load_dflash_checkpoint, save_dflash_checkpoint, shipped_checkpoint
 from tandem.drafters.dflash.drafter import DFlashDrafter
 from tandem.drafters.dflash.model import DFlashConfig, DFlashDraftModel
+from tandem.model.cpu_linear import PackedDraftLinear, pack_linear_layers
 
 log = logging.getLogger("tandem.drafters.dflash")
 
@@ -61,6 +62,8 @@ def build_dflash_drafter(spec, target, *, device, dtype, num_blocks: int) -> DFl
     spec.dflash_checkpoint, or the weights shipped for the target when that is None."""
     folder = spec.dflash_checkpoint or shipped_checkpoint(target.name)
     model = load_dflash_checkpoint(folder, dtype=dflash_dtype(device, dtype, spec.dflash_dtype), device=device)
+    if torch.device(device).type == "cpu":
+        pack_linear_layers(model, PackedDraftLinear)  # its small GEMMs: oneDNN on packed weights
     trained_for = model.config.extra.get("tandem", {}).get("target_model")
     if trained_for and trained_for != target.name:
         log.warning("DFlash checkpoint %s was trained for %r, the target is %r: expect few accepted drafts",

@@ -7,13 +7,14 @@ pushed them out of cache). Where the target's head runs as int8 (a quantized tar
 CPU with int8 dot products, tandem.model.quant.cpu_int8), the drafter's takes the same
 codes and scales of its rows: half the bytes again, and the logits the target's own head
 would give those rows. Elsewhere it is the target's dequantized weight in the drafter's
-dtype (or the target's module itself where nothing differs).
+dtype, packed for oneDNN on a CPU (or the target's module itself where nothing differs).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from tandem.model.cpu_linear import PackedDraftLinear, onednn_available
 from tandem.model.quant import linear_weight
 from tandem.model.quant.cpu_int8 import Int8CpuKernel
 from tandem.model.quant.linear import QuantizedLinear
@@ -43,7 +44,18 @@ def draft_head(target_head: nn.Module, draft_vocab: torch.Tensor | None, dtype: 
         return Int8Rows(kernel, None if draft_vocab is None else draft_vocab.cpu())
     head = linear_weight(target_head)
     if draft_vocab is not None:
-        return head[draft_vocab].to(dtype)
+        return _rows(head[draft_vocab].to(dtype))
     if head.dtype != dtype:  # e.g. a bf16 drafter beside a float32 target on a CPU
-        return head.to(dtype)
+        return _rows(head.to(dtype))
     return target_head
+
+
+def _rows(weight: torch.Tensor):
+    """The head rows as a packed linear layer on a CPU (oneDNN, see PackedDraftLinear), else
+    the 2-D weight."""
+    if weight.device.type != "cpu" or not onednn_available():
+        return weight
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    layer.__class__ = PackedDraftLinear
+    return layer
