@@ -34,6 +34,9 @@ class EngineMetrics:
         self.propose_ms = Histogram("tandem:propose_ms", "Milliseconds of one batched propose.", buckets=_MS_BUCKETS, registry=r)
         self.grammar_cut_tokens = Counter("tandem:spec_decode_num_grammar_cut_tokens",
                                           "Draft tokens cut before the verify because the grammar refuses them.", registry=r)
+        self.copied_drafts = Counter("tandem:spec_decode_num_copied_drafts",
+                                     "Sequence rounds drafted by n-gram lookup ahead of the model drafter (copy first).",
+                                     registry=r)
         self.generated_tokens = Counter("tandem:generation_tokens", "Tokens emitted to clients.", registry=r)
         self.prompt_tokens = Counter("tandem:prompt_tokens", "Prompt tokens prefilled.", registry=r)
         self.requests_finished = Counter("tandem:request_success", "Requests finished, by reason.", ["finished_reason"], registry=r)

@@ -48,7 +48,8 @@ def test_copy_first_keeps_greedy_output_exact_and_both_sources_draft(batch, targ
     assert got == want
     drafter = engine.ctx.drafter
     assert isinstance(drafter, CopyFirstDrafter)
-    assert drafter.copied_rounds > 0 and sum(model_rounds) > 0, (drafter.copied_rounds, model_rounds)
+    copied = engine.metrics.copied_drafts._value.get()  # tandem:spec_decode_num_copied_drafts
+    assert copied > 0 and sum(model_rounds) > 0, (copied, model_rounds)
 
 
 class RecordingDrafter:
@@ -78,7 +79,7 @@ def test_the_lookup_drafts_where_the_last_tokens_recur_and_the_model_the_rest_in
     drafts = drafter.propose([copying, short, fresh], [3, 3, 2])
     assert drafts == [[8, 9, 1], [VOCAB - 2] * 3, [VOCAB - 2] * 2]
     assert model.asked == [["short", "fresh"]]
-    assert drafter.copied_rounds == 1
+    assert drafter.copied == 1
     assert drafter.propose([copying], [2]) == [[8, 9]] and model.asked == [["short", "fresh"]]
 
 
@@ -88,7 +89,7 @@ def test_a_constrained_sequence_keeps_the_models_drafts_made_under_its_grammar()
     constrained = seq("json", [5, 6, 7, 8, 9, 5, 6])  # "5 6" recurs, but a copy could break the grammar
     constrained.grammar = object()
     assert drafter.propose([constrained], [3]) == [[VOCAB - 2] * 3]
-    assert model.asked == [["json"]] and drafter.copied_rounds == 0
+    assert model.asked == [["json"]] and drafter.copied == 0
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "none"])

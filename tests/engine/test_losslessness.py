@@ -105,4 +105,4 @@ def test_a_draft_model_that_copies_first_keeps_greedy_output(make_engine, weak_d
     engine = make_engine("draft-model", group=weak_draft_group, draft_model=truncated_draft_dir, adaptive=False,
                          copy_min_ngram=2)
     check_lossless(engine, 4, reference, "draft-model(copy first)")
-    assert engine.ctx.drafter.copied_rounds > 0, "the lookup never drafted: the prompts repeat their paragraphs"
+    assert engine.metrics.copied_drafts._value.get() > 0, "the lookup never drafted: the prompts repeat their paragraphs"

@@ -26,8 +26,7 @@ class CopyFirstDrafter:
         self.name = model_drafter.name
         self.propose_batch_max = model_drafter.propose_batch_max
         self.whole_blocks = model_drafter.whole_blocks
-        self.copied_rounds = 0  # sequence-rounds the lookup drafted
-        self.copied = 0  # of the last propose
+        self.copied = 0  # sequences of the last propose the lookup drafted for
 
     def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> list[list[int]]:
         # a constrained sequence keeps the model's drafts, made under its grammar (a copy may
@@ -35,7 +34,6 @@ class CopyFirstDrafter:
         out = [self.lookup.propose_one(s, g) if s.grammar is None else [] for s, g in zip(seqs, num_drafts)]
         rest = [i for i, d in enumerate(out) if not d]
         self.copied = len(seqs) - len(rest)
-        self.copied_rounds += self.copied
         if rest:
             drafted = self.model_drafter.propose([seqs[i] for i in rest], [num_drafts[i] for i in rest])
             for i, d in zip(rest, drafted):

@@ -265,6 +265,7 @@ def propose_drafts(seqs: list[Sequence], ctx: StepContext) -> None:
         ms = (ctx.clock.now() - t0) * 1000.0
         ctx.metrics.propose_ms.observe(ms)
         ctx.cost.record_propose(max(g for _, g in want), ms, len(want), copied)
+        ctx.metrics.copied_drafts.inc(copied)
 
 
 def _add_forced(seqs: list[Sequence], ctx: StepContext) -> None:
