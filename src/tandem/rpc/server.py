@@ -29,7 +29,7 @@ from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, TypeVar
 
 import grpc
 import torch
@@ -42,6 +42,8 @@ from tandem.rpc.limits import CHANNEL_OPTIONS
 from tandem.rpc.session_socket import SessionSocketServer
 from tandem.shard.commands import RankDrafterInfo, Verdict
 from tandem.shard.spec import ShardSpec
+
+T = TypeVar("T")
 
 log = logging.getLogger("tandem.rpc.server")
 
@@ -225,7 +227,8 @@ class ShardServicer(pb_grpc.ShardControlServicer):
         spec, rank, world = codec.decode_spec(request.spec), request.rank, request.world_size
         if world < 1 or not 0 <= rank < world:
             raise ShapeError("0<=rank<world_size", f"rank {rank} of world size {world}")
-        shard, drafter = self.build_rank(spec, rank, world, lambda device: _join_collective_group(request, device))
+        shard, drafter = on_a_thread_of_its_own(
+            lambda: self.build_rank(spec, rank, world, lambda device: _join_collective_group(request, device)))
         self.rank, self.world_size = rank, world
         self.shard = shard
         return pb.InitReply(limits=codec.encode_limits(shard.limits), drafter=codec.encode_drafter_info(drafter))
@@ -337,6 +340,30 @@ class ShardServer:
         """As grpc.Server.stop (its event is returned); the socket's streams end at once."""
         self.session_socket.close()
         return self.grpc.stop(grace)
+
+
+def on_a_thread_of_its_own(fn: Callable[[], T]) -> T:
+    """fn() on a new thread that ends with it. libgomp gives each thread that enters a
+    parallel region a team of its own, which lives as long as that thread: a rank built on
+    a gRPC pool thread (which lives on) left its team beside the one the forward thread
+    makes, the process then had more OpenMP threads than cores, and libgomp stopped
+    spinning between parallel regions: a 1-row CPU forward of the default model took 24.9
+    ms in the shard process against 16.0 in process (bench/verify_legs.py)."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            out.append((False, e))
+
+    t = threading.Thread(target=run, name="shard-build")
+    t.start()
+    t.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 def start_shard_server(build_rank: BuildRank, bind: str = "127.0.0.1:0", *,
