@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """A flag for every TandemServeArgs field, then the local cluster's own."""
     add_flags(p, _options(), aliases=ALIASES, notes=NOTES)
     p.add_argument("--host", default="127.0.0.1", help="Address the HTTP server binds (0.0.0.0 to listen on all interfaces).")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port.")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port. Held only by a stopped server's closed connections (TIME_WAIT), it is waited for, up to 120 s; a port another process listens on is an error.")
     p.add_argument("--address", default=None, help="Join this Ray cluster instead of starting a local one.")
     p.add_argument("--num-cpus", type=int, default=None, help="Logical CPUs of the local Ray cluster (default: twice the cores, at least 4).")
 
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from tandem.actors.cluster import init_local_ray
     from tandem.serve.app import build_app
     from tandem.serve.direct_http import haproxy_ports, start_serve, stop_haproxy, use_direct_http
+    from tandem.serve.port_wait import wait_for_port
 
     try:
         app_args = serve_args(args)  # validate before starting anything
@@ -89,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stop = threading.Event()
     if args.address is None:
+        problem = wait_for_port(args.host, args.port)
+        if problem is not None:
+            print(f"tandem serve: {problem}", file=sys.stderr)
+            return 2
         # the cluster we start serves HTTP from the replica itself, or from HAProxy in front of several
         use_direct_http(args.port, app_args.ingress_replicas)
     started = init_local_ray(address=args.address, num_cpus=args.num_cpus)
