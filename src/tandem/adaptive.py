@@ -126,6 +126,7 @@ class AdaptiveSpec:
 
 
 PREFILL_ROW_SHARE = 0.8  # a large verify's cost per row as a share of a prefill's, at least
+EXTRAPOLATED_ROW_SHARE = 0.5  # a row past the measured forwards, as a share of the last measured step's (see estimate)
 TURN_ON_MARGIN = 1.10  # how much faster than plain decoding a draft cap must look to be chosen
 PROPOSE_WINDOW = 5  # recent proposes whose cheapest prices the next
 PROPOSE_SAMPLES_TO_PRICE = 3  # proposes timed before their cost counts (see _propose_price)
@@ -251,6 +252,14 @@ class BatchCostModel:
         else:
             nearest = min(k for k in self.forward_ms if k > b)
             t = self.forward_ms[nearest] * b / nearest
+        if not at_or_above and len(below) >= 2:
+            # past the measured forwards, rows cost at least half what each row of the last
+            # measured step did (a GEMM's rows get cheaper as they grow, not free): a CPU's
+            # 8-row verify of SmolLM2 (29 ms against 17 for 4 rows) priced 16 rows at 29,
+            # and batch 8 then tried drafts at 43 ms a tick that plain decoding did in 27
+            top, prev = sorted(below)[-2:][::-1]
+            step = max(0.0, (self.forward_ms[top] - self.forward_ms[prev]) / (top - prev))
+            t = max(t, self.forward_ms[top] + EXTRAPOLATED_ROW_SHARE * step * (rows - top))
         if not at_or_above and self._prefill_is_compute():
             # each row past the largest measured forward adds at least a compute row (what a
             # prefill's cost, a little less: a batch's wider GEMMs run faster per row than one

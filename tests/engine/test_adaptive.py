@@ -113,7 +113,8 @@ def test_a_prefill_floors_the_price_of_rows_above_every_measured_bucket():
     cost = BatchCostModel()
     cost.record_forward(1, 100.0)
     cost.record_forward(3, 120.0)  # buckets 1 and 4: what batch-1 requests measured
-    assert cost.estimate(160) == 120.0  # optimistic: so it gets tried
+    # past them, half the last step's cost a row (20 ms for 3 rows): 160 rows at 640 ms
+    assert cost.estimate(160) == 120.0 + 0.5 * (20.0 / 3) * (160 - 4)
     cost.record_prefill(rows=500, ms=5000.0)  # 10 ms a row where compute-bound
     assert cost.estimate(160) == 120.0 + 0.8 * 10.0 * (160 - 4)  # past bucket 4, a compute row each
     assert cost.estimate(4) == 120.0 and cost.estimate(8) == 120.0 + 0.8 * 10.0 * 4
@@ -313,3 +314,24 @@ def test_a_propose_is_priced_by_the_sequences_its_model_drafted_for():
         cost.record_propose(7, 0.2, proposing=8, copied=8)  # lately every sequence copies: drafting is cheap
     assert cost.modelled_share < 0.01
     assert cost.best_cap([7] * 8, [0.6] * 8, (0, 1, 3, 7)) > 0
+
+
+def test_rows_past_the_measured_forwards_cost_half_the_last_steps_rows_at_least():
+    # SmolLM2 int4 on 2 CPU cores, measured at batch 1: 4 rows 17 ms, 8 rows 29. Batch 8
+    # then priced 16 rows at 29 ms (the largest measured bucket's), tried one draft each and
+    # paid 43 ms a tick for what plain decoding did in 27.
+    cpu = BatchCostModel(whole_blocks=True)
+    for rows, ms in ((1, 15.0), (2, 16.0), (4, 17.0), (8, 29.0)):
+        cpu.record_forward(rows, ms)
+    assert cpu.estimate(16) == 29.0 + 0.5 * 3.0 * 8  # 41
+    for _ in range(3):
+        cpu.record_propose(7, 5.0)  # one sequence's propose (batch 8's not yet timed)
+    assert cpu.best_cap([7] * 8, [0.6] * 8, (0, 1, 3, 7)) == 0
+    # a GPU's flat table stays nearly flat past it: drafting at batch 8 is still tried
+    gpu = BatchCostModel(whole_blocks=True)
+    for rows, ms in ((1, 3.5), (2, 3.6), (4, 3.7), (8, 3.9)):
+        gpu.record_forward(rows, ms)
+    for _ in range(3):
+        gpu.record_propose(7, 0.8)
+    assert gpu.estimate(64) < 1.5 * gpu.estimate(8)
+    assert gpu.best_cap([7] * 8, [0.6] * 8, (0, 1, 3, 7)) > 0
