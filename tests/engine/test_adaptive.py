@@ -255,23 +255,26 @@ def test_a_block_drafter_rests_a_sequence_only_while_its_block_does_not_pay():
     assert 0.1 < st.alpha < before
 
 
+def measured(forwards, propose_ms: float | None = None) -> BatchCostModel:
+    """A block drafter's cost model with these (rows, ms) forwards recorded and, given
+    propose_ms, enough one-sequence proposes of that cost timed to price them."""
+    cost = BatchCostModel(whole_blocks=True)
+    for rows, ms in forwards:
+        cost.record_forward(rows, ms)
+    for _ in range(3 if propose_ms is not None else 0):
+        cost.record_propose(7, propose_ms)
+    return cost
+
+
 def test_a_block_drafter_verifies_a_prefix_of_its_block_where_rows_cost():
     # SmolLM2 int4, 2 CPU cores, batch 1: 1/2/4/8 rows in 17.0/19.0/20.6/29.6 ms and a
     # propose of 6.7 ms; DFlash accepting ~2.2 a round (alpha ~0.58). Three drafts a round
     # ran 64 tok/s there against the whole block's 53 and plain decoding's 53.
     a = AdaptiveSpec(7, whole_blocks=True)
-    cpu = BatchCostModel(whole_blocks=True)
-    for rows, ms in ((1, 17.0), (2, 19.0), (4, 20.6), (8, 29.6)):
-        cpu.record_forward(rows, ms)
-    for _ in range(3):
-        cpu.record_propose(7, 6.7)
+    cpu = measured(((1, 17.0), (2, 19.0), (4, 20.6), (8, 29.6)), propose_ms=6.7)
     assert cpu.best_cap([7], [0.58], a.ladder) == 3
     # on a GPU's batch 1 rows are nearly free: the whole block
-    gpu = BatchCostModel(whole_blocks=True)
-    for rows, ms in ((1, 3.5), (2, 3.6), (4, 3.7), (8, 3.8)):
-        gpu.record_forward(rows, ms)
-    for _ in range(3):
-        gpu.record_propose(7, 0.8)
+    gpu = measured(((1, 3.5), (2, 3.6), (4, 3.7), (8, 3.8)), propose_ms=0.8)
     assert gpu.best_cap([7], [0.58], a.ladder) == 7
 
 
@@ -282,9 +285,7 @@ def test_a_block_drafter_rests_a_sequence_only_when_no_prefix_of_its_block_pays(
     from tandem.draft_cap import DraftCapPolicy
 
     a = AdaptiveSpec(7, whole_blocks=True)
-    cost = BatchCostModel(whole_blocks=True)
-    for rows, ms in ((8, 24.0), (16, 25.5), (32, 34.0), (64, 62.0)):
-        cost.record_forward(rows, ms)
+    cost = measured(((8, 24.0), (16, 25.5), (32, 34.0), (64, 62.0)))
     assert cost.block_break_even(7, 8) > 1.0 and cost.block_break_even(1, 8) < 0.1
     seqs = []
     for alpha in [0.3] * 7 + [0.03]:  # 0.3 more tokens for one draft; 0.03: hopeless
@@ -300,9 +301,7 @@ def test_a_propose_is_priced_by_the_sequences_its_model_drafted_for():
     # DFlash copying first on 2 CPU cores: a propose the model ran for 8 sequences took
     # 26 ms, one for 1 sequence 6.5 ms, one where every sequence copied 0.2 ms. Priced by
     # the cheapest propose seen, drafting at batch 8 looked free.
-    cost = BatchCostModel(whole_blocks=True)
-    for rows, ms in ((8, 28.0), (16, 30.0), (32, 45.0), (64, 80.0)):
-        cost.record_forward(rows, ms)
+    cost = measured(((8, 28.0), (16, 30.0), (32, 45.0), (64, 80.0)))
     for _ in range(3):
         cost.record_propose(7, 26.0, proposing=8)
         cost.record_propose(7, 6.5, proposing=1)
@@ -320,18 +319,10 @@ def test_rows_past_the_measured_forwards_cost_half_the_last_steps_rows_at_least(
     # SmolLM2 int4 on 2 CPU cores, measured at batch 1: 4 rows 17 ms, 8 rows 29. Batch 8
     # then priced 16 rows at 29 ms (the largest measured bucket's), tried one draft each and
     # paid 43 ms a tick for what plain decoding did in 27.
-    cpu = BatchCostModel(whole_blocks=True)
-    for rows, ms in ((1, 15.0), (2, 16.0), (4, 17.0), (8, 29.0)):
-        cpu.record_forward(rows, ms)
+    cpu = measured(((1, 15.0), (2, 16.0), (4, 17.0), (8, 29.0)), propose_ms=5.0)  # batch 8's propose not yet timed
     assert cpu.estimate(16) == 29.0 + 0.5 * 3.0 * 8  # 41
-    for _ in range(3):
-        cpu.record_propose(7, 5.0)  # one sequence's propose (batch 8's not yet timed)
     assert cpu.best_cap([7] * 8, [0.6] * 8, (0, 1, 3, 7)) == 0
     # a GPU's flat table stays nearly flat past it: drafting at batch 8 is still tried
-    gpu = BatchCostModel(whole_blocks=True)
-    for rows, ms in ((1, 3.5), (2, 3.6), (4, 3.7), (8, 3.9)):
-        gpu.record_forward(rows, ms)
-    for _ in range(3):
-        gpu.record_propose(7, 0.8)
+    gpu = measured(((1, 3.5), (2, 3.6), (4, 3.7), (8, 3.9)), propose_ms=0.8)
     assert gpu.estimate(64) < 1.5 * gpu.estimate(8)
     assert gpu.best_cap([7] * 8, [0.6] * 8, (0, 1, 3, 7)) > 0

@@ -140,9 +140,11 @@ class PackedDraftLinear(PackedLinear):
     reduced = True
 
 
+_PACKED_DTYPES = {False: (torch.float32,), True: (torch.float32, torch.bfloat16)}  # by `reduced`
+
+
 def _packable(w: torch.Tensor, x: torch.Tensor, reduced: bool = False) -> bool:
-    dtypes = (torch.float32, torch.bfloat16) if reduced else (torch.float32,)
-    return (w.device.type == "cpu" and w.dtype in dtypes and x.dtype == w.dtype
+    return (w.device.type == "cpu" and w.dtype in _PACKED_DTYPES[reduced] and x.dtype == w.dtype
             and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)))
 
 
